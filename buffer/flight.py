@@ -1,0 +1,81 @@
+"""Arrow Flight query service: ``do_get`` with an SQL ticket, ``list_flights`` of the tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow.flight as fl
+
+from buffer.auth import bearer_ok
+from buffer.snapshot import Snapshot
+from buffer.sql import QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
+
+
+class _BearerFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
+    def __init__(self, token: str | None) -> None:
+        super().__init__()
+        self._token = token
+
+    def start_call(self, info: fl.CallInfo, headers: dict[str, list[str]]) -> None:
+        values = headers.get("authorization") or []
+        if not bearer_ok(self._token, values[0] if values else None):
+            raise fl.FlightUnauthenticatedError("missing or wrong bearer token")
+
+
+def _raise_flight_error(exc: QueryError) -> None:
+    if isinstance(exc, QueryRefusedError):
+        raise fl.FlightUnauthorizedError(str(exc)) from exc
+    if isinstance(exc, QueryTimeoutError):
+        raise fl.FlightTimedOutError(str(exc)) from exc
+    raise fl.FlightServerError(str(exc)) from exc
+
+
+class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
+    """Serves ``engine`` on grpc://host:port; port 0 picks a free port (see ``port``).
+
+    ``do_get``: the ticket is UTF-8 SQL; the result streams as Arrow. Errors: bad SQL and
+    row limit -> invalid argument (engine's message), refused -> unauthorized, timeout ->
+    timed out; a wrong or missing token when ``token`` is set -> unauthenticated.
+    Call ``serve()`` (blocking, e.g. in a thread) and ``shutdown()``.
+    """
+
+    def __init__(
+        self, engine: SqlEngine, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ) -> None:
+        super().__init__(f"grpc://{host}:{port}", middleware={"auth": _BearerFactory(token)})
+        self.engine = engine
+        self.host = host
+
+    @property
+    def location(self) -> str:
+        """The URL clients connect to."""
+        return f"grpc://{self.host}:{self.port}"
+
+    def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
+        try:
+            table = self.engine.query(ticket.ticket.decode())
+        except QueryError as exc:
+            _raise_flight_error(exc)
+        return fl.RecordBatchStream(table)
+
+    def _info(self, snap: Snapshot) -> fl.FlightInfo:
+        endpoint = fl.FlightEndpoint(f'SELECT * FROM "{snap.name}"', [self.location])
+        return fl.FlightInfo(
+            snap.schema, fl.FlightDescriptor.for_path(snap.name), [endpoint], snap.rows, snap.nbytes
+        )
+
+    def list_flights(
+        self, context: fl.ServerCallContext, criteria: bytes
+    ) -> Iterator[fl.FlightInfo]:
+        """One FlightInfo per table: path descriptor = name, schema, row and byte counts."""
+        for snap in self.engine.catalog.snapshots():
+            yield self._info(snap)
+
+    def get_flight_info(
+        self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
+    ) -> fl.FlightInfo:
+        """The FlightInfo of the table named by a path descriptor."""
+        for snap in self.engine.catalog.snapshots():
+            if descriptor.path == [snap.name.encode()]:
+                return self._info(snap)
+        raise KeyError(f"no table {descriptor.path!r}")

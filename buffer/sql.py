@@ -1,0 +1,175 @@
+"""Read-only, sandboxed SQL (DuckDB) over snapshots of named memory tables."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from buffer.snapshot import Snapshot
+from buffer.table import MemoryTable
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Applied when the database is opened, then locked: a query cannot change them back.
+_SANDBOX = {
+    "enable_external_access": False,  # no files, URLs, ATTACH, COPY, INSTALL
+    "allow_community_extensions": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,  # no scans of the caller's Python variables
+}
+
+
+class QueryError(Exception):
+    """The query failed; the message is the engine's (or ours) and safe to show the user."""
+
+    kind = "query_error"
+    http_status = 400
+
+
+class QueryRefusedError(QueryError):
+    """The query tried something the sandbox forbids (writes, files, URLs, extensions...)."""
+
+    kind = "refused"
+    http_status = 403
+
+
+class QueryTimeoutError(QueryError):
+    """The query ran past the engine's per-query timeout and was interrupted."""
+
+    kind = "timeout"
+    http_status = 408
+
+
+class RowLimitError(QueryError):
+    """The result has more rows than the engine's row limit; nothing is returned."""
+
+    kind = "row_limit"
+    http_status = 400
+
+
+@dataclass
+class Catalog:
+    """The memory tables that queries can see, by pipeline name."""
+
+    _tables: dict[str, MemoryTable] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, table: MemoryTable) -> None:
+        """Make ``table`` queryable under its name (an SQL identifier, unique here)."""
+        if not _NAME.fullmatch(table.name):
+            raise ValueError(f"table name {table.name!r} is not a plain SQL identifier")
+        with self._lock:
+            if table.name in self._tables:
+                raise ValueError(f"a table named {table.name!r} is already in the catalog")
+            self._tables[table.name] = table
+
+    def remove(self, name: str) -> None:
+        """Stop serving the table ``name``."""
+        with self._lock:
+            del self._tables[name]
+
+    def snapshots(self) -> list[Snapshot]:
+        """A snapshot of every table, sorted by name."""
+        with self._lock:
+            tables = sorted(self._tables.values(), key=lambda t: t.name)
+        return [t.snapshot() for t in tables]
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Per-query bounds: wall-clock timeout, result rows and DuckDB memory for the engine."""
+
+    timeout_s: float = 10.0
+    max_rows: int = 1_000_000
+    memory_limit: str = "1GB"
+    threads: int = 2
+
+
+class SqlEngine:
+    """Runs one read-only SELECT at a time per call, over fresh snapshots of the catalog.
+
+    Thread-safe: every query gets its own DuckDB connection (a cursor on one locked-down
+    in-memory database) with the catalog's snapshots registered as Arrow tables, zero-copy.
+    """
+
+    def __init__(self, catalog: Catalog, limits: QueryLimits | None = None) -> None:
+        self.catalog = catalog
+        self.limits = limits or QueryLimits()
+        config: dict[str, str | bool | int | float | list[str]] = {
+            **_SANDBOX,
+            "memory_limit": self.limits.memory_limit,
+            "threads": self.limits.threads,
+            "lock_configuration": True,
+        }
+        self._db = duckdb.connect(":memory:", config=config)
+
+    def close(self) -> None:
+        """Release the database; later queries fail."""
+        self._db.close()
+
+    def query(self, sql: str) -> pa.Table:
+        """The result of the single SELECT statement ``sql``.
+
+        Raises QueryRefusedError for anything but one SELECT and for sandbox violations
+        (files, URLs, extensions, settings), QueryTimeoutError past ``limits.timeout_s``,
+        RowLimitError when the result exceeds ``limits.max_rows`` (an error, never a
+        silent truncation), QueryError with DuckDB's message for anything else.
+        """
+        check_read_only(sql)
+        cursor = self._db.cursor()
+        timed_out = threading.Event()
+
+        def interrupt() -> None:
+            timed_out.set()
+            cursor.interrupt()
+
+        timer = threading.Timer(self.limits.timeout_s, interrupt)
+        try:
+            for snap in self.catalog.snapshots():
+                cursor.register(snap.name, snap.to_table())
+            timer.start()
+            reader = cursor.sql(sql).to_arrow_reader(batch_size=65_536)
+            assert reader is not None  # a SELECT always has a result
+            batches: list[pa.RecordBatch] = []
+            rows = 0
+            for batch in reader:
+                rows += batch.num_rows
+                if rows > self.limits.max_rows:
+                    raise RowLimitError(
+                        f"result has more than {self.limits.max_rows} rows (the row limit); "
+                        "add a LIMIT or aggregate"
+                    )
+                batches.append(batch)
+            return pa.Table.from_batches(batches, schema=reader.schema)
+        except duckdb.Error as exc:
+            if timed_out.is_set():
+                raise QueryTimeoutError(
+                    f"query interrupted after the {self.limits.timeout_s} s timeout"
+                ) from exc
+            if isinstance(exc, duckdb.PermissionException):
+                raise QueryRefusedError(f"refused by the sandbox: {exc}") from exc
+            raise QueryError(str(exc)) from exc
+        finally:
+            timer.cancel()
+            cursor.close()
+
+
+def check_read_only(sql: str) -> None:
+    """Raise QueryRefusedError unless ``sql`` is one SELECT; QueryError if it does not parse."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from exc
+    if len(statements) != 1:
+        raise QueryRefusedError(f"exactly one statement is allowed, got {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise QueryRefusedError(
+            f"only SELECT queries are allowed; {kind.name} statements are refused "
+            "(no COPY, ATTACH, INSTALL, LOAD, SET, PRAGMA or writes)"
+        )
