@@ -1,0 +1,119 @@
+"""The local ClickHouse: chdb behind the ClickHouse HTTP interface, as a separate process.
+
+`ClickHouseService` starts ``python -m hakafka.devstack.clickhouse_http`` on a data path under
+its root, waits until ``GET /ping`` answers ``Ok.``, hands out clickhouse-connect HTTP clients
+and stops the process by its PID. Stopping and starting again on the same root and port keeps
+the data (chdb keeps it in the data path). The front's limits are listed in
+`hakafka.devstack.clickhouse_http`.
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hakafka.devstack.clickhouse_http import PASSWORD_ENV
+from hakafka.devstack.process import (
+    LOOPBACK,
+    DevstackError,
+    ManagedProcess,
+    ensure_port_free,
+    free_port,
+    port_open,
+)
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+SERVER_MODULE = "hakafka.devstack.clickhouse_http"
+
+
+class ClickHouseService:
+    """One ClickHouse HTTP front process; `root` holds the chdb data path and the log."""
+
+    def __init__(
+        self, root: Path, *, port: int | None = None, user: str = "default", password: str = ""
+    ) -> None:
+        self.root = Path(root)
+        self.host = LOOPBACK
+        self.port = port if port is not None else free_port()
+        self.user = user
+        self._password = password
+        self.data_path = self.root / "data"
+        self.log_path = self.root / "clickhouse_http.log"
+        self._process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.alive() else None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the front and return once it answers /ping; `DevstackError` says what failed."""
+        if self._process is not None and self._process.alive():
+            raise DevstackError(f"ClickHouse front on port {self.port} is already running")
+        self._check_port()
+        self.root.mkdir(parents=True, exist_ok=True)
+        data_arg = f"--data={self.data_path.resolve()}"
+        process = ManagedProcess(
+            name=f"ClickHouse front (port {self.port})",
+            argv=[
+                sys.executable,
+                "-m",
+                SERVER_MODULE,
+                f"--host={self.host}",
+                f"--port={self.port}",
+                data_arg,
+                f"--user={self.user}",
+            ],
+            log_path=self.log_path,
+            marker=data_arg,
+            env={PASSWORD_ENV: self._password},
+        )
+        process.start()
+        self._process = process
+        try:
+            process.wait_ready(self.healthy, timeout=timeout)
+        except DevstackError:
+            process.stop()
+            raise
+
+    def _check_port(self) -> None:
+        """Refuse a port someone listens on; sockets only in TIME_WAIT do not count."""
+        try:
+            ensure_port_free(self.port, self.host, what="ClickHouse front")
+        except DevstackError:
+            if port_open(self.port, self.host):
+                raise
+
+    def stop(self) -> None:
+        """Stop the front by its PID (no-op if it is not running)."""
+        if self._process is not None:
+            self._process.stop()
+
+    def healthy(self) -> bool:
+        """True if the front answers ``GET /ping`` with ``Ok.``."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/ping", timeout=2.0) as response:
+                return bool(response.status == 200 and response.read() == b"Ok.\n")
+        except OSError:
+            return False
+
+    def client(self, **kwargs: Any) -> Client:
+        """A clickhouse-connect HTTP client for this front; `kwargs` go to ``get_client``."""
+        import clickhouse_connect
+
+        options: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "username": self.user,
+            "password": self._password,
+            "interface": "http",
+        }
+        options.update(kwargs)
+        return clickhouse_connect.get_client(**options)
