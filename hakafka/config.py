@@ -1,0 +1,606 @@
+"""The daemon's configuration: one TOML file, validated completely before anything starts.
+
+`load_config(path)` returns a `Config` or raises `ConfigError` listing every problem, each
+naming its key (`pipelines[0].buffer.max_rows`) and what is allowed. Unknown keys are errors
+(a typo must not silently fall back to a default). Secrets come from files or environment
+variables and never appear in `repr()` or logs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+DEFAULT_PATH = Path("/etc/hakafka/hakafka.toml")
+
+# Environment variables that override secrets (the file may leave them out entirely).
+ENV_ZK_PASSWORD = "HAKAFKA_ZK_PASSWORD"
+ENV_CLICKHOUSE_PASSWORD = "HAKAFKA_CLICKHOUSE_PASSWORD"
+ENV_SERVER_TOKEN = "HAKAFKA_SERVER_TOKEN"
+ENV_KAFKA_PREFIX = "HAKAFKA_KAFKA_"  # HAKAFKA_KAFKA_SASL_PASSWORD -> sasl.password
+
+FORMATS = ("json", "raw", "csv")
+ON_ERROR = ("dead_letter", "skip", "fail")
+FSYNC = ("always", "batch", "interval", "off")
+OUT_OF_RANGE = ("fail", "earliest")
+ENGINES = ("MergeTree", "ReplicatedMergeTree")
+META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; `problems` lists each one as `key: what is wrong`."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid configuration {source}:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret value that never shows itself in repr/str."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self.value else "Secret('')"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ZooKeeperSettings:
+    hosts: str
+    root: str = "/hakafka/default"
+    session_timeout: float = 6.0
+    connect_timeout: float = 10.0
+    request_timeout: float = 5.0
+    auth_user: str = ""
+    auth_password: Secret = Secret("")
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap: str
+    out_of_range: str = "fail"
+    settings: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class ClickHouseSettings:
+    replicas: Mapping[int, Mapping[str, Endpoint]]  # shard -> node -> HTTP endpoint
+    database: str = "default"
+    user: str = "default"
+    password: Secret = Secret("")
+    secure: bool = False
+    verify: bool = True
+    engine: str = "MergeTree"
+    dedup_window: int = 10_000
+    insert_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str = "local[2]"
+    remote: str = ""
+    driver_memory: str = "2g"
+    on_followers: bool = False
+    rows_per_task: int = 500_000
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    http: Endpoint = Endpoint("127.0.0.1", 8300)
+    flight: Endpoint = Endpoint("127.0.0.1", 8301)
+    token: Secret = Secret("")
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    min_rows: int = 100_000
+    max_rows: int = 2_000_000
+    min_bytes: int = 16 << 20
+    max_bytes: int = 256 << 20
+    min_age: float = 5.0
+    max_age: float = 30.0
+    limit_bytes: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class WalSettings:
+    fsync: str = "batch"
+    interval_ms: int = 50
+    segment_bytes: int = 64 << 20
+
+
+@dataclass(frozen=True)
+class ColumnConfig:
+    name: str
+    clickhouse_type: str
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    topic: str
+    table: str
+    columns: tuple[ColumnConfig, ...]
+    format: str = "json"
+    order_by: str = "(_partition, _offset)"
+    partition_by: str = ""
+    ttl: str = ""
+    meta_columns: tuple[str, ...] = META_COLUMNS
+    on_error: str = "dead_letter"
+    max_message_bytes: int = 1 << 20
+    transform: str = ""
+    partitions: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    buffer: BufferSettings = BufferSettings()
+    wal: WalSettings = WalSettings()
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.table}_dead_letter"
+
+
+@dataclass(frozen=True)
+class Config:
+    node: str
+    shards: tuple[int, ...]
+    shard_count: int
+    data_dir: Path
+    zookeeper: ZooKeeperSettings
+    kafka: KafkaSettings
+    clickhouse: ClickHouseSettings
+    spark: SparkSettings
+    server: ServerSettings
+    pipelines: tuple[PipelineConfig, ...]
+    source: str = ""
+
+    def pipeline(self, name: str) -> PipelineConfig:
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        raise KeyError(f"no pipeline named {name!r}")
+
+
+class _Reader:
+    """Reads one TOML table, recording problems with full key paths instead of raising."""
+
+    def __init__(self, data: Mapping[str, Any], path: str, problems: list[str]) -> None:
+        self.data = data
+        self.path = path
+        self.problems = problems
+        self.seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def problem(self, name: str, text: str) -> None:
+        self.problems.append(f"{self.key(name)}: {text}")
+
+    def get(
+        self,
+        name: str,
+        kind: type[T] | tuple[type, ...],
+        default: T | None = None,
+        *,
+        required: bool = False,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> T:
+        self.seen.add(name)
+        if name not in self.data:
+            if required:
+                self.problem(name, "is required")
+            return default  # type: ignore[return-value]
+        value = self.data[name]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # TOML integers are acceptable where a float is wanted; bools are never numbers.
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(_type_name(k) for k in kinds)
+            self.problem(name, f"must be {names}, got {_type_name(type(value))} {value!r}")
+            return default  # type: ignore[return-value]
+        if check is not None and (text := check(value)) is not None:
+            self.problem(name, text)
+            return default  # type: ignore[return-value]
+        return value  # type: ignore[return-value]
+
+    def choice(self, name: str, allowed: tuple[str, ...], default: str) -> str:
+        return self.get(
+            name,
+            str,
+            default,
+            check=lambda v: (
+                None if v in allowed else f"must be one of {', '.join(allowed)}; got {v!r}"
+            ),
+        )
+
+    def table(self, name: str, *, required: bool = False) -> _Reader:
+        raw = self.get(name, dict, {}, required=required)
+        return _Reader(raw if isinstance(raw, dict) else {}, self.key(name), self.problems)
+
+    def positive(self, name: str, kind: type[T], default: T) -> T:
+        return self.get(
+            name, kind, default, check=lambda v: None if v > 0 else f"must be > 0, got {v}"
+        )
+
+    def secret(self, name: str, env_var: str) -> Secret:
+        """A secret from `<name>` (inline), `<name>_file` (a file) or the environment."""
+        inline = self.get(name, str, "")
+        file_name = self.get(f"{name}_file", str, "")
+        if env_var in os.environ:
+            return Secret(os.environ[env_var])
+        if file_name:
+            try:
+                return Secret(Path(file_name).read_text().strip())
+            except OSError as exc:
+                self.problem(f"{name}_file", f"cannot read {file_name}: {exc.strerror}")
+        return Secret(inline)
+
+    def finish(self) -> None:
+        """Record every key that no reader asked for as unknown."""
+        for name in sorted(set(self.data) - self.seen):
+            self.problem(name, "unknown key")
+
+
+def _type_name(kind: type) -> str:
+    return {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        dict: "a table",
+        list: "an array",
+    }.get(kind, kind.__name__)
+
+
+def _endpoint(reader: _Reader, name: str, default: Endpoint) -> Endpoint:
+    raw = reader.get(name, str, str(default))
+    return parse_endpoint(raw, reader.key(name), reader.problems) or default
+
+
+def parse_endpoint(raw: str, key: str, problems: list[str]) -> Endpoint | None:
+    """`host:port` (an `http://` prefix is accepted) or None with a problem recorded."""
+    text = raw.removeprefix("http://").removeprefix("https://").rstrip("/")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        problems.append(f"{key}: must be host:port, got {raw!r}")
+        return None
+    return Endpoint(host, int(port))
+
+
+def _zookeeper(r: _Reader) -> ZooKeeperSettings:
+    z = ZooKeeperSettings(
+        hosts=r.get("hosts", str, "", required=True),
+        root=r.get("root", str, "/hakafka/default", check=_zk_root_problem),
+        session_timeout=r.positive("session_timeout", float, 6.0),
+        connect_timeout=r.positive("connect_timeout", float, 10.0),
+        request_timeout=r.positive("request_timeout", float, 5.0),
+        auth_user=r.get("auth_user", str, ""),
+        auth_password=r.secret("auth_password", ENV_ZK_PASSWORD),
+    )
+    if z.auth_password and not z.auth_user:
+        r.problem("auth_user", "is required when a ZooKeeper password is set")
+    r.finish()
+    return z
+
+
+def _zk_root_problem(value: str) -> str | None:
+    if not value.startswith("/") or value.endswith("/") or "//" in value:
+        return f"must be an absolute ZooKeeper path like /hakafka/prod, got {value!r}"
+    return None
+
+
+def _kafka(r: _Reader) -> KafkaSettings:
+    settings_reader = r.table("settings")
+    settings: dict[str, str] = {}
+    for key, value in settings_reader.data.items():
+        settings_reader.seen.add(key)
+        if isinstance(value, bool):
+            settings[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            settings[key] = str(value)
+        else:
+            settings_reader.problem(key, "must be a string, number or boolean (librdkafka setting)")
+    for name, value in os.environ.items():
+        if name.startswith(ENV_KAFKA_PREFIX) and name != "HAKAFKA_KAFKA_BOOTSTRAP":
+            settings[name.removeprefix(ENV_KAFKA_PREFIX).lower().replace("_", ".")] = value
+    for reserved in ("bootstrap.servers", "enable.auto.commit", "group.id"):
+        if reserved in settings:
+            settings_reader.problem(reserved, "is managed by hakafka; remove it")
+    k = KafkaSettings(
+        bootstrap=r.get("bootstrap", str, "", required=True),
+        out_of_range=r.choice("out_of_range", OUT_OF_RANGE, "fail"),
+        settings=settings,
+    )
+    r.finish()
+    return k
+
+
+def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseSettings:
+    replicas_reader = r.table("replicas", required=True)
+    replicas: dict[int, dict[str, Endpoint]] = {}
+    for shard_key, nodes in replicas_reader.data.items():
+        replicas_reader.seen.add(shard_key)
+        key = replicas_reader.key(shard_key)
+        if not shard_key.isdigit():
+            r.problems.append(f'{key}: shard keys must be shard numbers like "0"')
+            continue
+        if not isinstance(nodes, dict) or not nodes:
+            r.problems.append(f'{key}: must be a table of node = "host:port"')
+            continue
+        replicas[int(shard_key)] = {}
+        for node, url in nodes.items():
+            if not isinstance(url, str):
+                r.problems.append(f'{key}.{node}: must be "host:port"')
+            elif (ep := parse_endpoint(url, f"{key}.{node}", r.problems)) is not None:
+                replicas[int(shard_key)][node] = ep
+    for shard in shards:
+        if replicas_reader.data and shard not in replicas:
+            replicas_reader.problem(
+                str(shard), f"no ClickHouse replicas for shard {shard} that this node serves"
+            )
+    c = ClickHouseSettings(
+        replicas=replicas,
+        database=r.get("database", str, "default", check=_name_problem),
+        user=r.get("user", str, "default"),
+        password=r.secret("password", ENV_CLICKHOUSE_PASSWORD),
+        secure=r.get("secure", bool, False),
+        verify=r.get("verify", bool, True),
+        engine=r.choice("engine", ENGINES, "MergeTree"),
+        dedup_window=r.positive("dedup_window", int, 10_000),
+        insert_timeout=r.positive("insert_timeout", float, 60.0),
+    )
+    r.finish()
+    return c
+
+
+def _name_problem(value: str) -> str | None:
+    return (
+        None
+        if _NAME.match(value)
+        else f"must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*), got {value!r}"
+    )
+
+
+def _spark(r: _Reader) -> SparkSettings:
+    conf_reader = r.table("conf")
+    conf = {}
+    for key, value in conf_reader.data.items():
+        conf_reader.seen.add(key)
+        conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    s = SparkSettings(
+        master=r.get("master", str, "local[2]"),
+        remote=r.get("remote", str, ""),
+        driver_memory=r.get("driver_memory", str, "2g"),
+        on_followers=r.get("on_followers", bool, False),
+        rows_per_task=r.positive("rows_per_task", int, 500_000),
+        conf=conf,
+    )
+    r.finish()
+    return s
+
+
+def _server(r: _Reader) -> ServerSettings:
+    s = ServerSettings(
+        http=_endpoint(r, "http", ServerSettings.http),
+        flight=_endpoint(r, "flight", ServerSettings.flight),
+        token=r.secret("token", ENV_SERVER_TOKEN),
+    )
+    r.finish()
+    return s
+
+
+def _buffer(r: _Reader) -> BufferSettings:
+    d = BufferSettings()
+    b = BufferSettings(
+        min_rows=r.positive("min_rows", int, d.min_rows),
+        max_rows=r.positive("max_rows", int, d.max_rows),
+        min_bytes=r.positive("min_bytes", int, d.min_bytes),
+        max_bytes=r.positive("max_bytes", int, d.max_bytes),
+        min_age=r.positive("min_age", float, d.min_age),
+        max_age=r.positive("max_age", float, d.max_age),
+        limit_bytes=r.positive("limit_bytes", int, d.limit_bytes),
+    )
+    for low, high in (("min_rows", "max_rows"), ("min_bytes", "max_bytes"), ("min_age", "max_age")):
+        if getattr(b, low) > getattr(b, high):
+            r.problem(low, f"must not exceed {high} ({getattr(b, low)} > {getattr(b, high)})")
+    if b.limit_bytes < b.max_bytes:
+        r.problem("limit_bytes", f"must be at least max_bytes ({b.limit_bytes} < {b.max_bytes})")
+    r.finish()
+    return b
+
+
+def _wal(r: _Reader) -> WalSettings:
+    w = WalSettings(
+        fsync=r.choice("fsync", FSYNC, "batch"),
+        interval_ms=r.positive("interval_ms", int, 50),
+        segment_bytes=r.get(
+            "segment_bytes",
+            int,
+            64 << 20,
+            check=lambda v: None if v >= 1 << 20 else "must be at least 1048576 (1 MiB)",
+        ),
+    )
+    r.finish()
+    return w
+
+
+def _pipeline(
+    r: _Reader, shard_count: int, check_type: Callable[[str], str | None]
+) -> PipelineConfig:
+    columns_reader = r.table("columns", required=True)
+    columns = []
+    for name, ch_type in columns_reader.data.items():
+        columns_reader.seen.add(name)
+        key = columns_reader.key(name)
+        if not _NAME.match(name) or name.startswith("_"):
+            r.problems.append(
+                f"{key}: column names must be identifiers not starting with '_' "
+                "(reserved for meta columns)"
+            )
+        elif not isinstance(ch_type, str):
+            r.problems.append(f'{key}: must be a ClickHouse type name like "String"')
+        elif (text := check_type(ch_type)) is not None:
+            r.problems.append(f"{key}: {text}")
+        else:
+            columns.append(ColumnConfig(name, ch_type))
+    if columns_reader.data == {} and "columns" in r.data:
+        columns_reader.problem("", "needs at least one column")
+    meta = r.get(
+        "meta_columns",
+        list,
+        list(META_COLUMNS),
+        check=lambda v: (
+            None
+            if all(m in META_COLUMNS for m in v)
+            else f"may only contain {', '.join(META_COLUMNS)}; got {v!r}"
+        ),
+    )
+    partitions_reader = r.table("partitions")
+    partitions: dict[int, tuple[int, ...]] = {}
+    for shard_key, plist in partitions_reader.data.items():
+        partitions_reader.seen.add(shard_key)
+        key = partitions_reader.key(shard_key)
+        if not shard_key.isdigit() or int(shard_key) >= shard_count:
+            r.problems.append(f"{key}: must be a shard number below shard_count ({shard_count})")
+        elif not isinstance(plist, list) or not all(isinstance(p, int) and p >= 0 for p in plist):
+            r.problems.append(f"{key}: must be an array of partition numbers")
+        else:
+            partitions[int(shard_key)] = tuple(plist)
+    p = PipelineConfig(
+        name=r.get("name", str, "", required=True, check=_name_problem),
+        topic=r.get("topic", str, "", required=True),
+        table=r.get("table", str, "", required=True, check=_name_problem),
+        columns=tuple(columns),
+        format=r.choice("format", FORMATS, "json"),
+        order_by=r.get("order_by", str, "(_partition, _offset)"),
+        partition_by=r.get("partition_by", str, ""),
+        ttl=r.get("ttl", str, ""),
+        # _partition and _offset are always kept: exactly-once relies on them.
+        meta_columns=tuple(dict.fromkeys(["_partition", "_offset", *meta])),
+        on_error=r.choice("on_error", ON_ERROR, "dead_letter"),
+        max_message_bytes=r.positive("max_message_bytes", int, 1 << 20),
+        transform=r.get("transform", str, "", check=_transform_problem),
+        partitions=partitions,
+        buffer=_buffer(r.table("buffer")),
+        wal=_wal(r.table("wal")),
+    )
+    r.finish()
+    return p
+
+
+def _transform_problem(value: str) -> str | None:
+    if not value or value.lstrip().lower().startswith("select") or re.match(r"^[\w.]+:\w+$", value):
+        return None
+    return f"must be `module:function` or a SQL SELECT over the view `block`, got {value!r}"
+
+
+def _accept_any_type(_: str) -> str | None:
+    return None
+
+
+def parse_config(
+    data: Mapping[str, Any],
+    source: str = "<config>",
+    check_type: Callable[[str], str | None] = _accept_any_type,
+) -> Config:
+    """Validate a parsed TOML document into a `Config`, or raise `ConfigError` with every problem.
+
+    `check_type` returns a problem text for an unsupported ClickHouse type, else None.
+    """
+    problems: list[str] = []
+    r = _Reader(data, "", problems)
+    shard_count = r.positive("shard_count", int, 1)
+    shards = r.get(
+        "shards",
+        list,
+        [],
+        required=True,
+        check=lambda v: (
+            None
+            if v and all(isinstance(s, int) and 0 <= s < shard_count for s in v)
+            else "must be a non-empty array of shard numbers below shard_count "
+            f"({shard_count}); got {v!r}"
+        ),
+    )
+    shard_tuple = tuple(shards or ())
+    pipelines_raw = r.get("pipelines", list, [], required=True)
+    pipelines = []
+    for i, raw in enumerate(pipelines_raw or []):
+        if not isinstance(raw, dict):
+            problems.append(f"pipelines[{i}]: must be a table ([[pipelines]])")
+            continue
+        pipelines.append(
+            _pipeline(_Reader(raw, f"pipelines[{i}]", problems), shard_count, check_type)
+        )
+    if r.data.get("pipelines") == []:
+        problems.append("pipelines: needs at least one [[pipelines]] table")
+    for kind in ("name", "table"):
+        values = [getattr(p, kind) for p in pipelines]
+        for dup in sorted({v for v in values if values.count(v) > 1 and v}):
+            problems.append(f"pipelines: {kind} {dup!r} is used by more than one pipeline")
+    config = Config(
+        node=r.get(
+            "node",
+            str,
+            "",
+            required=True,
+            check=lambda v: (
+                None
+                if _NODE.match(v)
+                else f"must be a node id like node-1 ([A-Za-z0-9_.-]), got {v!r}"
+            ),
+        ),
+        shards=shard_tuple,
+        shard_count=shard_count,
+        data_dir=Path(r.get("data_dir", str, "/var/lib/hakafka")),
+        zookeeper=_zookeeper(r.table("zookeeper", required=True)),
+        kafka=_kafka(r.table("kafka", required=True)),
+        clickhouse=_clickhouse(r.table("clickhouse", required=True), shard_tuple),
+        spark=_spark(r.table("spark")),
+        server=_server(r.table("server")),
+        pipelines=tuple(pipelines),
+        source=source,
+    )
+    r.finish()
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def load_config(path: Path, check_type: Callable[[str], str | None] = _accept_any_type) -> Config:
+    """Read and validate the TOML file at `path`."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc.strerror}"]) from None
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"not valid TOML: {exc}"]) from None
+    return parse_config(data, str(path), check_type)

@@ -1,0 +1,174 @@
+"""Config validation: every problem is reported with its key and what is allowed."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hakafka.config import ConfigError, load_config
+
+GOOD = """
+node = "node-1"
+shards = [0, 1]
+shard_count = 2
+data_dir = "/tmp/hakafka-data"
+
+[zookeeper]
+hosts = "127.0.0.1:2181"
+root = "/hakafka/test"
+session_timeout = 4
+
+[kafka]
+bootstrap = "127.0.0.1:9092"
+[kafka.settings]
+"security.protocol" = "SASL_SSL"
+"sasl.password" = "kafka-secret"
+
+[clickhouse]
+database = "ingest"
+password = "ch-secret"
+[clickhouse.replicas.0]
+node-1 = "127.0.0.1:8123"
+node-2 = "http://127.0.0.1:8124"
+[clickhouse.replicas.1]
+node-1 = "127.0.0.1:8123"
+
+[[pipelines]]
+name = "events"
+topic = "events"
+table = "events"
+on_error = "dead_letter"
+[pipelines.columns]
+id = "Int64"
+name = "String"
+[pipelines.buffer]
+min_rows = 10
+max_rows = 100
+[pipelines.wal]
+fsync = "always"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hakafka.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems_of(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    return err.value.problems
+
+
+def test_good_config_parses(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    assert config.node == "node-1"
+    assert config.shards == (0, 1)
+    assert config.zookeeper.session_timeout == 4.0
+    assert [c.name for c in config.pipelines[0].columns] == ["id", "name"]
+    assert config.pipelines[0].meta_columns[:2] == ("_partition", "_offset")
+    assert config.pipelines[0].dead_letter_table == "events_dead_letter"
+    assert str(config.clickhouse.replicas[0]["node-2"]) == "127.0.0.1:8124"
+    assert config.pipelines[0].wal.fsync == "always"
+    assert config.pipelines[0].buffer.max_rows == 100
+
+
+def test_secrets_never_in_repr(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    text = repr(config)
+    assert "ch-secret" not in text
+    assert "kafka-secret" not in text
+    assert config.clickhouse.password.value == "ch-secret"
+
+
+def test_environment_overrides_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HAKAFKA_CLICKHOUSE_PASSWORD", "from-env")
+    monkeypatch.setenv("HAKAFKA_KAFKA_SASL_PASSWORD", "kafka-from-env")
+    config = load_config(write(tmp_path, GOOD))
+    assert config.clickhouse.password.value == "from-env"
+    assert config.kafka.settings["sasl.password"] == "kafka-from-env"
+
+
+def test_password_file(tmp_path: Path) -> None:
+    secret = tmp_path / "ch.pass"
+    secret.write_text("from-file\n")
+    text = GOOD.replace('password = "ch-secret"', f'password_file = "{secret}"')
+    assert load_config(write(tmp_path, text)).clickhouse.password.value == "from-file"
+
+
+def test_every_problem_named_with_its_key(tmp_path: Path) -> None:
+    text = (
+        GOOD.replace('on_error = "dead_letter"', 'on_error = "ignore"')
+        .replace("max_rows = 100", "max_rows = 5")
+        .replace('fsync = "always"', 'fsync = "sometimes"')
+        .replace("session_timeout = 4", 'session_timeout = "4s"')
+        .replace('root = "/hakafka/test"', 'root = "hakafka"')
+        .replace('id = "Int64"', 'id = "Int64"\n_bad = "String"')
+        .replace('node-2 = "http://127.0.0.1:8124"', 'node-2 = "nowhere"')
+    )
+    problems = problems_of(tmp_path, "bogus_key = 1\n" + text + "\nwal_typo = 1\n")
+    expected = [
+        "pipelines[0].on_error: must be one of dead_letter, skip, fail; got 'ignore'",
+        "pipelines[0].buffer.min_rows: must not exceed max_rows (10 > 5)",
+        "pipelines[0].wal.fsync: must be one of always, batch, interval, off; got 'sometimes'",
+        "zookeeper.session_timeout: must be a number, got a string '4s'",
+        "zookeeper.root: must be an absolute ZooKeeper path like /hakafka/prod, got 'hakafka'",
+        "clickhouse.replicas.0.node-2: must be host:port, got 'nowhere'",
+        "bogus_key: unknown key",
+        "pipelines[0].wal.wal_typo: unknown key",
+    ]
+    for line in expected:
+        assert line in problems, (line, problems)
+    assert any(
+        p.startswith("pipelines[0].columns._bad: column names must be identifiers")
+        for p in problems
+    )
+
+
+def test_missing_sections_and_required_keys(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, 'node = "n1"\n')
+    for line in (
+        "shards: is required",
+        "pipelines: is required",
+        "zookeeper: is required",
+        "kafka: is required",
+    ):
+        assert line in problems
+
+
+def test_shards_must_be_below_shard_count(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, GOOD.replace("shard_count = 2", "shard_count = 1"))
+    assert any(
+        p.startswith("shards: must be a non-empty array of shard numbers below shard_count (1)")
+        for p in problems
+    )
+
+
+def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "node = \n"))
+
+
+def test_reserved_kafka_settings_refused(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, GOOD.replace('"security.protocol"', '"group.id"'))
+    assert "kafka.settings.group.id: is managed by hakafka; remove it" in problems
+
+
+def test_type_checker_is_applied(tmp_path: Path) -> None:
+    def check(ch_type: str) -> str | None:
+        return (
+            None if ch_type in ("Int64", "String") else f"unsupported ClickHouse type {ch_type!r}"
+        )
+
+    text = GOOD.replace('name = "String"', 'name = "Map(String, String)"')
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text), check)
+    assert (
+        "pipelines[0].columns.name: unsupported ClickHouse type 'Map(String, String)'"
+        in err.value.problems
+    )
