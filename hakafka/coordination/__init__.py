@@ -1,0 +1,59 @@
+"""ZooKeeper coordination for hakafka: node registry, replacement flags, one leader per shard
+with a fencing epoch, fenced checkpoints and flush intents, and ops failover.
+
+The daemon uses the `Coordinator` facade; everything else here is its parts.
+"""
+
+from hakafka.coordination.coordinator import Coordinator
+from hakafka.coordination.election import (
+    BecameLeader,
+    FailoverRequested,
+    Leadership,
+    LeadershipEvent,
+    LeadershipState,
+    LostLeadership,
+    Resumed,
+    Suspended,
+)
+from hakafka.coordination.errors import (
+    CoordinationError,
+    FailoverRefused,
+    FencedError,
+    ZooKeeperUnavailableError,
+)
+from hakafka.coordination.fenced import FencedState
+from hakafka.coordination.records import (
+    Checkpoint,
+    FailoverRequest,
+    LeaderInfo,
+    NodeInfo,
+    OffsetRanges,
+    PendingIntent,
+    ReplacingInfo,
+)
+from hakafka.coordination.session import ZkConfig
+
+__all__ = [
+    "BecameLeader",
+    "Checkpoint",
+    "CoordinationError",
+    "Coordinator",
+    "FailoverRefused",
+    "FailoverRequest",
+    "FailoverRequested",
+    "FencedError",
+    "FencedState",
+    "LeaderInfo",
+    "Leadership",
+    "LeadershipEvent",
+    "LeadershipState",
+    "LostLeadership",
+    "NodeInfo",
+    "OffsetRanges",
+    "PendingIntent",
+    "ReplacingInfo",
+    "Resumed",
+    "Suspended",
+    "ZkConfig",
+    "ZooKeeperUnavailableError",
+]

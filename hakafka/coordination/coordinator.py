@@ -1,0 +1,196 @@
+"""`Coordinator`: the daemon's one handle on ZooKeeper coordination.
+
+It owns the session, the node registration (re-created after a new session), one
+`Leadership` per joined shard, and fans connection state changes out to them: SUSPENDED
+stops every leader's side effects at once, LOST drops leadership, CONNECTED resumes or
+re-enters the elections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+
+import structlog
+from kazoo.client import KazooState
+from kazoo.exceptions import NodeExistsError
+
+from hakafka.coordination import failover, paths
+from hakafka.coordination.election import Leadership
+from hakafka.coordination.executor import SerialExecutor
+from hakafka.coordination.records import (
+    FailoverRequest,
+    LeaderInfo,
+    NodeInfo,
+    ReplacingInfo,
+    encode_epoch,
+)
+from hakafka.coordination.registry import Registry
+from hakafka.coordination.session import ZkConfig, ZkSession
+
+log = structlog.get_logger("hakafka.coordination")
+
+DEFAULT_FAILOVER_TIMEOUT_S = 30.0
+
+
+class Coordinator:
+    """ZooKeeper coordination for one node (`node_id`) of a hakafka cluster."""
+
+    def __init__(self, config: ZkConfig, node_id: str, endpoints: NodeInfo) -> None:
+        self.config = config
+        self.node_id = paths.check_name("node", node_id)
+        self.endpoints = endpoints
+        self._session = ZkSession(config)
+        self._registry = Registry(self._session)
+        self._worker = SerialExecutor(f"hakafka-zk-{node_id}")
+        self._notifier = SerialExecutor(f"hakafka-zk-events-{node_id}")
+        self._shards: dict[int, Leadership] = {}
+        self._registered = False
+        self._started = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect (creating the root if missing); raises ZooKeeperUnavailableError on timeout."""
+        self._session.add_listener(self._on_state)
+        self._session.start()
+        self._started = True
+
+    def close(self) -> None:
+        """Leave every shard cleanly (when connected), end the session, stop the threads."""
+        timeout = self.config.request_timeout_s
+        for shard in list(self._shards):
+            if self._session.connected:
+                try:
+                    self.leave(shard)
+                except Exception as exc:
+                    log.warning("coordinator.leave_failed", shard=shard, error=repr(exc))
+        for leadership in self._shards.values():
+            leadership.cancel_timers()
+        self._worker.stop(timeout)
+        if self._started:
+            self._session.close()
+            self._started = False
+        self._notifier.stop(timeout)
+
+    def __enter__(self) -> Coordinator:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _on_state(self, state: KazooState) -> None:
+        # kazoo's connection thread: only flip flags and hand work to the worker.
+        log.info("zookeeper.state", node=self.node_id, state=str(state))
+        if state == KazooState.SUSPENDED:
+            for leadership in list(self._shards.values()):
+                leadership.session_suspended()
+        elif state == KazooState.LOST:
+            for leadership in list(self._shards.values()):
+                leadership.session_lost()
+        elif self._started or state == KazooState.CONNECTED:
+            self._worker.submit(self._after_connect)
+
+    def _after_connect(self) -> None:
+        if not self._session.connected:
+            return
+        if self._registered:
+            self._registry.register(self.node_id, self.endpoints)
+        for leadership in list(self._shards.values()):
+            leadership.session_connected()
+
+    # -- layout and registry ----------------------------------------------------------------
+
+    def init_paths(self, shards: Iterable[int]) -> None:
+        """Create the layout for `shards` if missing (idempotent; for `hakafka init`)."""
+        self._call(lambda: self._init_paths(shards))
+
+    def _init_paths(self, shards: Iterable[int]) -> None:
+        for path in (paths.NODES, paths.REPLACING, paths.SHARDS):
+            self._session.ensure(path)
+        for shard in shards:
+            for path in paths.shard_layout(shard):
+                self._session.ensure(path)
+            with contextlib.suppress(NodeExistsError):
+                self._session.create(paths.epoch(shard), encode_epoch(0))
+
+    def register(self) -> None:
+        """Publish `nodes/<node_id>` with this node's endpoints (again after a new session)."""
+        self._registered = True
+        self._call(lambda: self._registry.register(self.node_id, self.endpoints))
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        """Every registered node and its endpoints."""
+        return self._registry.nodes()
+
+    def mark_replacing(self, node: str, reason: str, by: str = "ops") -> ReplacingInfo:
+        """Flag `node` as under replacement: it leaves every election (resigning where it
+        leads) and `writable_replicas` stops reporting it."""
+        return self._registry.mark_replacing(paths.check_name("node", node), reason, by)
+
+    def clear_replacing(self, node: str) -> bool:
+        """Make `node` eligible again; False if it was not flagged."""
+        return self._registry.clear_replacing(paths.check_name("node", node))
+
+    def replacing(self) -> dict[str, ReplacingInfo]:
+        """Every node under replacement."""
+        return self._registry.replacing()
+
+    def writable_replicas(self, shard: int, replicas: Mapping[str, str]) -> dict[str, str]:
+        """`replicas` (node -> ClickHouse endpoint of `shard`) minus nodes under replacement."""
+        writable = self._registry.writable_replicas(replicas)
+        log.debug("registry.writable_replicas", shard=shard, writable=sorted(writable))
+        return writable
+
+    # -- elections --------------------------------------------------------------------------
+
+    def join(self, shard: int) -> Leadership:
+        """Stand for leadership of `shard`; returns its `Leadership` (the same one if joined)."""
+        existing = self._shards.get(shard)
+        if existing is not None:
+            return existing
+        self._call(lambda: self._init_paths([shard]))
+        leadership = Leadership(
+            shard,
+            self.node_id,
+            session=self._session,
+            registry=self._registry,
+            worker=self._worker,
+            notifier=self._notifier,
+        )
+        self._shards[shard] = leadership
+        leadership.trigger()
+        return leadership
+
+    def leave(self, shard: int) -> None:
+        """Stop standing for `shard` (resigning cleanly if leading)."""
+        leadership = self._shards.pop(shard, None)
+        if leadership is not None:
+            self._call(leadership.leave)
+
+    def leader_of(self, shard: int) -> LeaderInfo | None:
+        """The current leader of `shard`, or None while there is none."""
+        got = self._session.get(paths.leader(shard))
+        return None if got is None else LeaderInfo.decode(paths.leader(shard), got[0])
+
+    def request_failover(
+        self,
+        shard: int,
+        to: str | None = None,
+        by: str = "ops",
+        timeout_s: float = DEFAULT_FAILOVER_TIMEOUT_S,
+    ) -> FailoverRequest:
+        """Ask `shard`'s leader to hand over, to node `to` if given (the others step aside
+        until `to` leads or `timeout_s` passes). Raises `FailoverRefused` with the reason."""
+        return failover.request_failover(
+            self._session, self._registry, shard, to=to, by=by, timeout_s=timeout_s
+        )
+
+    def _call(self, fn: object) -> None:
+        """Run `fn` on the worker (so it never races the election logic) and wait for it."""
+        assert callable(fn)
+        if self._worker.on_thread():
+            fn()
+            return
+        self._worker.submit(fn).result(timeout=self.config.request_timeout_s * 4)

@@ -1,0 +1,468 @@
+"""One shard's candidacy and leadership: the `Leadership` state object the daemon waits on.
+
+Mechanics (see DESIGN.md "ZooKeeper layout"): every joined node keeps an ephemeral
+sequential candidate `shards/<s>/election/n_…` holding its node id. The leader is the lowest
+candidate whose node is eligible (not under replacement, and the failover target while a
+`failover --to` request is active). The winner bumps `epoch` and creates the ephemeral
+`leader` znode in one multi-op, so a leader is only published once the previous `leader`
+znode is gone, and the new `epoch` version is the fencing token. All ZooKeeper work happens on
+the coordinator's serial worker, driven by watches; kazoo's threads only hand work over.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from kazoo.exceptions import BadVersionError
+from kazoo.protocol.states import EventType, ZnodeStat
+
+from hakafka.coordination import paths
+from hakafka.coordination.errors import CoordinationError, FencedError, ZooKeeperUnavailableError
+from hakafka.coordination.executor import SerialExecutor
+from hakafka.coordination.failover import read_request
+from hakafka.coordination.fenced import FencedState
+from hakafka.coordination.records import FailoverRequest, LeaderInfo, decode_epoch, encode_epoch
+from hakafka.coordination.registry import Registry
+from hakafka.coordination.session import ZkSession
+
+log = structlog.get_logger("hakafka.coordination")
+
+RETRY_DELAY_S = 0.5
+
+
+class LeadershipState(enum.Enum):
+    FOLLOWER = "follower"
+    LEADER = "leader"
+    SUSPENDED = "suspended"
+    """Was leading when the connection dropped: no side effects until Resumed or Lost."""
+
+
+@dataclass(frozen=True)
+class BecameLeader:
+    epoch: int
+    token: int
+
+
+@dataclass(frozen=True)
+class LostLeadership:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Suspended:
+    """The ZooKeeper connection dropped while leading: stop side effects now."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The same session came back and the epoch is still ours: side effects may go on."""
+
+    epoch: int
+    token: int
+
+
+@dataclass(frozen=True)
+class FailoverRequested:
+    """Ops asked this leader to hand over: finish or abandon the flush, then `resign()`."""
+
+    request: FailoverRequest
+
+
+LeadershipEvent = BecameLeader | LostLeadership | Suspended | Resumed | FailoverRequested
+
+
+class Leadership:
+    """The candidacy of this node in one shard, and its leadership while it has it.
+
+    Public: `state`, `epoch`, `token`, `wait_leader`, `on_change`, `resign`, `set_status`,
+    `failover_requested` and `fenced`. Callbacks run on the coordinator's notifier thread,
+    in order; they may block briefly but must not wait for the election itself.
+    """
+
+    def __init__(
+        self,
+        shard: int,
+        node_id: str,
+        *,
+        session: ZkSession,
+        registry: Registry,
+        worker: SerialExecutor,
+        notifier: SerialExecutor,
+    ) -> None:
+        self.shard = shard
+        self.node_id = node_id
+        self._session = session
+        self._registry = registry
+        self._worker = worker
+        self._notifier = notifier
+        self._cond = threading.Condition()
+        self._state = LeadershipState.FOLLOWER
+        self._epoch: int | None = None
+        self._token: int | None = None
+        self._epoch_mzxid = 0
+        self._status = "elected"
+        self._joined = True
+        self._candidate: str | None = None
+        self._candidate_nodes: dict[str, str] = {}
+        self._callbacks: list[Callable[[LeadershipEvent], None]] = []
+        self._timers: list[threading.Timer] = []
+        self._deadline_armed: float | None = None
+        self.failover_requested = threading.Event()
+        """Set while an ops failover request waits for this leader to resign."""
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> LeadershipState:
+        with self._cond:
+            return self._state
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch number while leading (or suspended), else None."""
+        with self._cond:
+            return self._epoch
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token (the `epoch` znode's version) while leading, else None."""
+        with self._cond:
+            return self._token
+
+    def wait_leader(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until this node leads the shard; True if it does."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._state is LeadershipState.LEADER, timeout)
+
+    def on_change(self, callback: Callable[[LeadershipEvent], None]) -> None:
+        """Call `callback(event)` for every later leadership event."""
+        with self._cond:
+            self._callbacks.append(callback)
+
+    def resign(self, reason: str, timeout: float | None = None) -> None:
+        """Give up leadership cleanly (leader and candidate znodes deleted in one multi-op,
+        together with an honoured failover request), then stand again as the newest
+        candidate. Returns when done; a no-op when not leading."""
+        self._run(lambda: self._resign(reason), timeout)
+
+    def set_status(self, status: str, timeout: float | None = None) -> None:
+        """Publish `status` (e.g. "recovering", "consuming") in the `leader` znode."""
+        self._run(lambda: self._set_status(status), timeout)
+
+    def fenced(self) -> FencedState:
+        """Checkpoint/pending access bound to the current fencing token.
+
+        Raises `FencedError` when this node is not leading right now."""
+        with self._cond:
+            if self._state is not LeadershipState.LEADER or self._token is None:
+                raise FencedError(
+                    f"shard {self.shard}: node {self.node_id} is not the leader "
+                    f"(state {self._state.value})"
+                )
+            epoch, token = self._epoch or 0, self._token
+        return FencedState(self._session, self.shard, epoch, token, lambda: self._leads_with(token))
+
+    # -- called by the coordinator ----------------------------------------------------------
+
+    def trigger(self, _event: Any = None) -> None:
+        """Watch callback: re-evaluate on the worker (kazoo thread: must not block)."""
+        if _event is not None and getattr(_event, "type", None) == EventType.NONE:
+            return  # connection-state pseudo event; CONNECTED re-evaluates everything
+        self._worker.submit(self._evaluate)
+
+    def session_suspended(self) -> None:
+        """The connection dropped (kazoo thread): a leader stops side effects at once."""
+        with self._cond:
+            if self._state is not LeadershipState.LEADER:
+                return
+            self._state = LeadershipState.SUSPENDED
+        log.warning("election.suspended", shard=self.shard, node=self.node_id)
+        self._notify(Suspended())
+
+    def session_lost(self) -> None:
+        """The session expired or closed (kazoo thread): its ephemerals are gone."""
+        with self._cond:
+            self._candidate = None
+        self._drop("zookeeper session lost")
+
+    def session_connected(self) -> None:
+        """The connection is back (worker): resume if the epoch is still ours, then
+        re-evaluate (watches were reset by the disconnection)."""
+        if self.state is LeadershipState.SUSPENDED:
+            self._resume_or_drop()
+        self._evaluate()
+
+    def leave(self) -> None:
+        """Stop standing in this shard (worker): resign if leading, delete the candidate."""
+        self._joined = False
+        self.cancel_timers()
+        self._resign("node left the shard")
+
+    def cancel_timers(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = []
+
+    # -- worker-side logic ------------------------------------------------------------------
+
+    def _run(self, fn: Callable[[], None], timeout: float | None) -> None:
+        if self._worker.on_thread():
+            fn()
+            return
+        wait = timeout if timeout is not None else self._session.config.request_timeout_s * 4
+        self._worker.submit(fn).result(timeout=wait)
+
+    def _leads_with(self, token: int) -> bool:
+        with self._cond:
+            return self._state is LeadershipState.LEADER and self._token == token
+
+    def _notify(self, event: LeadershipEvent) -> None:
+        with self._cond:
+            callbacks = list(self._callbacks)
+            self._cond.notify_all()
+        for callback in callbacks:
+            self._notifier.submit(lambda cb=callback: cb(event))  # type: ignore[misc]
+
+    def _drop(self, reason: str) -> bool:
+        """Move to FOLLOWER; emits LostLeadership if we were leading. True if we were."""
+        with self._cond:
+            was = self._state is not LeadershipState.FOLLOWER
+            self._state = LeadershipState.FOLLOWER
+            self._epoch = None
+            self._token = None
+            self.failover_requested.clear()
+        if was:
+            log.warning("election.lost", shard=self.shard, node=self.node_id, reason=reason)
+            self._notify(LostLeadership(reason))
+        return was
+
+    def _retry_later(self, delay: float = RETRY_DELAY_S) -> None:
+        self._timers = [t for t in self._timers if t.is_alive()]
+        timer = threading.Timer(delay, self.trigger)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _evaluate(self) -> None:
+        try:
+            self._evaluate_once()
+        except ZooKeeperUnavailableError as exc:
+            log.warning("election.evaluate_failed", shard=self.shard, error=str(exc))
+            if self._session.connected:
+                self._retry_later()
+
+    def _evaluate_once(self) -> None:
+        if not self._session.connected or self.state is LeadershipState.SUSPENDED:
+            return
+        replacing = self._registry.replacing_names(self.trigger)
+        found = read_request(self._session, self.shard, self.trigger)
+        request, request_stat = found if found is not None else (None, None)
+        now = time.time()
+        target = None
+        if request is not None and request.to is not None and now < request.deadline:
+            target = request.to
+            if self._deadline_armed != request.deadline:
+                self._deadline_armed = request.deadline
+                self._retry_later(request.deadline - now + 0.05)
+        if self.state is LeadershipState.LEADER:
+            if self.node_id in replacing:
+                self._resign("node is under replacement")
+            elif request is not None and request_stat is not None:
+                self._leader_handle_request(request, request_stat, now)
+            return
+        if not self._joined or self.node_id in replacing or target not in (None, self.node_id):
+            self._withdraw()
+            return
+        if self._candidate is None:
+            created = self._session.create(
+                paths.candidate_prefix(self.shard),
+                self.node_id.encode(),
+                ephemeral=True,
+                sequence=True,
+            )
+            self._candidate = created.rsplit("/", 1)[1]
+            log.info(
+                "election.candidate", shard=self.shard, node=self.node_id, candidate=self._candidate
+            )
+        winner = self._winner(replacing, target)
+        if winner != self._candidate:
+            self._session.exists(paths.leader(self.shard), self.trigger)
+            return
+        self._try_lead(request, request_stat)
+
+    def _winner(self, replacing: set[str], target: str | None) -> str | None:
+        """The lowest eligible candidate's name (sets a watch on the candidates)."""
+        election = paths.election(self.shard)
+        names = sorted(self._session.children(election, self.trigger), key=paths.candidate_sequence)
+        if self._candidate not in names:
+            # Our candidate vanished although the session lives (deleted by hand): stand again.
+            self._candidate = None
+            self._retry_later(0.0)
+            return None
+        self._candidate_nodes = {n: v for n, v in self._candidate_nodes.items() if n in names}
+        for name in names:
+            node = self._candidate_nodes.get(name)
+            if node is None:
+                got = self._session.get(f"{election}/{name}")
+                if got is None:
+                    continue
+                node = got[0].decode("utf-8", errors="replace")
+                self._candidate_nodes[name] = node
+            if node in replacing or target not in (None, node):
+                continue
+            return name
+        return None
+
+    def _try_lead(self, request: FailoverRequest | None, request_stat: ZnodeStat | None) -> None:
+        leader_path = paths.leader(self.shard)
+        if self._session.exists(leader_path, self.trigger) is not None:
+            return  # the previous leader's znode is still there: its deletion triggers us
+        epoch_path = paths.epoch(self.shard)
+        got = self._session.get(epoch_path)
+        if got is None:
+            raise CoordinationError(f"{epoch_path} is missing: run `hakafka init` (init_paths)")
+        new_epoch = decode_epoch(epoch_path, got[0]) + 1
+        info = LeaderInfo(node=self.node_id, epoch=new_epoch, since=time.time())
+        txn = self._session.transaction()
+        txn.set_data(epoch_path, encode_epoch(new_epoch), version=got[1].version)
+        txn.create(leader_path, info.encode(), ephemeral=True)
+        results = self._session.commit(txn, leader_path)
+        if any(isinstance(r, Exception) for r in results):
+            log.info(
+                "election.lead_race",
+                shard=self.shard,
+                node=self.node_id,
+                errors=[repr(r) for r in results],
+            )
+            self._retry_later()
+            return
+        stat: ZnodeStat = results[0]
+        with self._cond:
+            self._state = LeadershipState.LEADER
+            self._epoch = new_epoch
+            self._token = stat.version
+            self._epoch_mzxid = stat.mzxid
+            self._status = info.status
+            self.failover_requested.clear()
+        log.info(
+            "election.became_leader",
+            shard=self.shard,
+            node=self.node_id,
+            epoch=new_epoch,
+            token=stat.version,
+        )
+        self._notify(BecameLeader(new_epoch, stat.version))
+        if request is not None and request_stat is not None:
+            self._leader_handle_request(request, request_stat, time.time())
+
+    def _leader_handle_request(self, request: FailoverRequest, stat: ZnodeStat, now: float) -> None:
+        """As leader: delete a request that is honoured, stale or expired; otherwise tell the
+        daemon (it finishes or abandons its flush and resigns)."""
+        path = paths.failover(self.shard)
+        if request.to == self.node_id:
+            outcome = "honoured"
+        elif stat.czxid < self._epoch_mzxid:
+            outcome = "predates_leader"  # leadership moved since it was made
+        elif request.to is not None and now >= request.deadline:
+            outcome = "expired"
+        else:
+            if not self.failover_requested.is_set():
+                self.failover_requested.set()
+                log.info(
+                    "failover.requested_of_leader",
+                    shard=self.shard,
+                    node=self.node_id,
+                    to=request.to,
+                )
+                self._notify(FailoverRequested(request))
+            return
+        self._session.delete(path, stat.version)
+        log.info(
+            "failover.done", shard=self.shard, node=self.node_id, outcome=outcome, to=request.to
+        )
+
+    def _withdraw(self) -> None:
+        if self._candidate is not None:
+            self._session.delete(f"{paths.election(self.shard)}/{self._candidate}")
+            log.info("election.withdrew", shard=self.shard, node=self.node_id)
+            self._candidate = None
+
+    def _resign(self, reason: str) -> None:
+        if self.state is LeadershipState.FOLLOWER:
+            self._withdraw()
+            if self._joined:
+                self._evaluate()
+            return
+        # Stop side effects before the successor can be elected.
+        self._drop(f"resigned: {reason}")
+        found = read_request(self._session, self.shard)
+        if found is not None and found[0].to is None:
+            # Honoured by this resignation; a successor would also drop it (it predates them).
+            try:
+                self._session.delete(paths.failover(self.shard), found[1].version)
+            except BadVersionError:
+                log.info("failover.changed_while_resigning", shard=self.shard)
+        txn = self._session.transaction()
+        ops = 0
+        leader_path = paths.leader(self.shard)
+        leader = self._session.exists(leader_path)
+        if leader is not None and leader.ephemeralOwner == self._session.session_id:
+            txn.delete(leader_path, leader.version)
+            ops += 1
+        if self._candidate is not None:
+            txn.delete(f"{paths.election(self.shard)}/{self._candidate}")
+            self._candidate = None
+            ops += 1
+        results = self._session.commit(txn, leader_path) if ops else []
+        log.info(
+            "election.resigned",
+            shard=self.shard,
+            node=self.node_id,
+            reason=reason,
+            errors=[repr(r) for r in results if isinstance(r, Exception)],
+        )
+        if self._joined:
+            self._evaluate()
+
+    def _resume_or_drop(self) -> None:
+        try:
+            leader = self._session.get(paths.leader(self.shard))
+            epoch = self._session.exists(paths.epoch(self.shard))
+        except ZooKeeperUnavailableError as exc:
+            log.warning("election.resume_check_failed", shard=self.shard, error=str(exc))
+            return  # stay suspended; the next CONNECTED checks again
+        ours = (
+            leader is not None
+            and leader[1].ephemeralOwner == self._session.session_id
+            and epoch is not None
+            and epoch.version == self.token
+        )
+        if not ours:
+            self._drop("leadership lost while the connection was suspended")
+            return
+        with self._cond:
+            self._state = LeadershipState.LEADER
+            epoch_no, token = self._epoch or 0, self._token or 0
+        log.info("election.resumed", shard=self.shard, node=self.node_id, epoch=epoch_no)
+        self._notify(Resumed(epoch_no, token))
+
+    def _set_status(self, status: str) -> None:
+        with self._cond:
+            if self._state is not LeadershipState.LEADER or self._epoch is None:
+                raise FencedError(f"shard {self.shard}: set_status({status!r}): not the leader")
+            info = LeaderInfo(
+                node=self.node_id, epoch=self._epoch, since=time.time(), status=status
+            )
+        path = paths.leader(self.shard)
+        got = self._session.get(path)
+        if got is None or got[1].ephemeralOwner != self._session.session_id:
+            raise FencedError(f"shard {self.shard}: set_status({status!r}): {path} is not ours")
+        since = LeaderInfo.decode(path, got[0]).since
+        info = LeaderInfo(node=info.node, epoch=info.epoch, since=since, status=status)
+        self._session.set(path, info.encode(), got[1].version)

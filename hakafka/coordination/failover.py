@@ -1,0 +1,88 @@
+"""Ops failover requests (`shards/<s>/failover`): validation, creation and reading."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from kazoo.exceptions import NodeExistsError
+from kazoo.protocol.states import ZnodeStat
+
+from hakafka.coordination import paths
+from hakafka.coordination.errors import FailoverRefused
+from hakafka.coordination.records import FailoverRequest
+from hakafka.coordination.registry import Registry
+from hakafka.coordination.session import Watch, ZkSession
+
+log = structlog.get_logger("hakafka.coordination")
+
+
+def read_request(
+    session: ZkSession, shard: int, watch: Watch | None = None
+) -> tuple[FailoverRequest, ZnodeStat] | None:
+    """The pending request of `shard` and its stat, or None; `watch` fires on any change."""
+    path = paths.failover(shard)
+    if session.exists(path, watch) is None:
+        return None
+    got = session.get(path)
+    if got is None:
+        return None
+    return FailoverRequest.decode(path, got[0]), got[1]
+
+
+def candidate_nodes(session: ZkSession, shard: int) -> set[str]:
+    """The nodes with a candidate znode in `shard`'s election."""
+    found: set[str] = set()
+    election = paths.election(shard)
+    for name in session.children(election):
+        got = session.get(f"{election}/{name}")
+        if got is not None:
+            found.add(got[0].decode("utf-8", errors="replace"))
+    return found
+
+
+def request_failover(
+    session: ZkSession,
+    registry: Registry,
+    shard: int,
+    *,
+    to: str | None,
+    by: str,
+    timeout_s: float,
+) -> FailoverRequest:
+    """Ask `shard`'s leader to hand over (to node `to`, or to whoever is next).
+
+    Refused with `FailoverRefused` when `to` is not registered, is under replacement or is
+    not a candidate of the shard, or when another request is pending.
+    """
+    if to is not None:
+        paths.check_name("node", to)
+        if to not in registry.nodes():
+            raise FailoverRefused(
+                f"shard {shard}: cannot fail over to {to}: node {to} is not registered "
+                f"(no {paths.node(to)}: it is not running or uses another root)"
+            )
+        flagged = registry.replacing().get(to)
+        if flagged is not None:
+            raise FailoverRefused(
+                f"shard {shard}: cannot fail over to {to}: node {to} is under replacement "
+                f"(since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(flagged.since))} UTC, "
+                f"by {flagged.by}: {flagged.reason})"
+            )
+        if to not in candidate_nodes(session, shard):
+            raise FailoverRefused(
+                f"shard {shard}: cannot fail over to {to}: node {to} is not a candidate of "
+                f"shard {shard} (it does not serve this shard)"
+            )
+    now = time.time()
+    request = FailoverRequest(by=by, to=to, at=now, deadline=now + timeout_s)
+    try:
+        session.create(paths.failover(shard), request.encode())
+    except NodeExistsError:
+        pending = read_request(session, shard)
+        raise FailoverRefused(
+            f"shard {shard}: a failover request is already pending "
+            f"({pending[0] if pending else 'just removed; retry'})"
+        ) from None
+    log.info("failover.requested", shard=shard, to=to, by=by, deadline=request.deadline)
+    return request

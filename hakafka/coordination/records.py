@@ -1,0 +1,199 @@
+"""The JSON records stored in znodes, as dataclasses with strict decoding.
+
+Decoding errors raise `CorruptZnodeError` naming the znode and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hakafka.coordination.errors import CorruptZnodeError
+
+Checkpoint = dict[str, dict[int, int]]
+"""{topic: {partition: next_offset}}: the next offset to consume per partition."""
+
+OffsetRanges = dict[str, dict[int, tuple[int, int]]]
+"""{topic: {partition: (first_offset, end_offset)}}: end is exclusive (the next offset)."""
+
+
+def _load(path: str, raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptZnodeError(f"znode {path}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CorruptZnodeError(f"znode {path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _field(path: str, value: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in value:
+        raise CorruptZnodeError(f"znode {path}: missing field {key!r}")
+    got = value[key]
+    if not isinstance(got, kind) or (isinstance(got, bool) and kind is not bool):
+        raise CorruptZnodeError(f"znode {path}: field {key!r} has the wrong type ({got!r})")
+    return got
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A daemon's endpoints, published in `nodes/<node>` while it runs."""
+
+    host: str
+    http: str
+    flight: str
+    pid: int
+    version: str
+    started: float = field(default_factory=time.time)
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> NodeInfo:
+        v = _load(path, raw)
+        return cls(
+            host=_field(path, v, "host", str),
+            http=_field(path, v, "http", str),
+            flight=_field(path, v, "flight", str),
+            pid=_field(path, v, "pid", int),
+            version=_field(path, v, "version", str),
+            started=float(_field(path, v, "started", (int, float))),
+        )
+
+
+@dataclass(frozen=True)
+class ReplacingInfo:
+    """Why and since when a node is under replacement (`replacing/<node>`)."""
+
+    since: float
+    by: str
+    reason: str
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> ReplacingInfo:
+        v = _load(path, raw)
+        return cls(
+            since=float(_field(path, v, "since", (int, float))),
+            by=_field(path, v, "by", str),
+            reason=_field(path, v, "reason", str),
+        )
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """The shard's current leader (`shards/<s>/leader`); `status` is set by the daemon."""
+
+    node: str
+    epoch: int
+    since: float
+    status: str = "elected"
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> LeaderInfo:
+        v = _load(path, raw)
+        return cls(
+            node=_field(path, v, "node", str),
+            epoch=_field(path, v, "epoch", int),
+            since=float(_field(path, v, "since", (int, float))),
+            status=_field(path, v, "status", str),
+        )
+
+
+@dataclass(frozen=True)
+class FailoverRequest:
+    """An ops request to move a shard's leadership (`shards/<s>/failover`).
+
+    `to` is the target node or None for "any other node"; `deadline` (Unix time) ends the
+    other candidates' stepping aside when the target has not taken over by then.
+    """
+
+    by: str
+    to: str | None
+    at: float
+    deadline: float
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> FailoverRequest:
+        v = _load(path, raw)
+        to = v.get("to")
+        if to is not None and not isinstance(to, str):
+            raise CorruptZnodeError(f"znode {path}: field 'to' must be a node name or null")
+        return cls(
+            by=_field(path, v, "by", str),
+            to=to,
+            at=float(_field(path, v, "at", (int, float))),
+            deadline=float(_field(path, v, "deadline", (int, float))),
+        )
+
+
+@dataclass(frozen=True)
+class PendingIntent:
+    """A flush intent (`pipelines/<p>/pending`): the exact offset ranges of the block in
+    flight, written before the block goes to ClickHouse."""
+
+    block_id: str
+    ranges: OffsetRanges
+    epoch: int
+
+    def encode(self) -> bytes:
+        ranges = {
+            topic: {str(p): [first, end] for p, (first, end) in parts.items()}
+            for topic, parts in self.ranges.items()
+        }
+        return _dump({"block_id": self.block_id, "ranges": ranges, "epoch": self.epoch})
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> PendingIntent:
+        v = _load(path, raw)
+        raw_ranges = _field(path, v, "ranges", dict)
+        ranges: OffsetRanges = {}
+        try:
+            for topic, parts in raw_ranges.items():
+                ranges[topic] = {int(p): (int(r[0]), int(r[1])) for p, r in parts.items()}
+        except (AttributeError, TypeError, ValueError, IndexError) as exc:
+            raise CorruptZnodeError(f"znode {path}: bad 'ranges' ({exc})") from None
+        return cls(
+            block_id=_field(path, v, "block_id", str),
+            ranges=ranges,
+            epoch=_field(path, v, "epoch", int),
+        )
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    return _dump({t: {str(p): o for p, o in parts.items()} for t, parts in checkpoint.items()})
+
+
+def decode_checkpoint(path: str, raw: bytes) -> Checkpoint:
+    v = _load(path, raw)
+    try:
+        return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in v.items()}
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise CorruptZnodeError(f"znode {path}: bad checkpoint ({exc})") from None
+
+
+def encode_epoch(epoch: int) -> bytes:
+    return str(epoch).encode("ascii")
+
+
+def decode_epoch(path: str, raw: bytes) -> int:
+    try:
+        return int(raw.decode("ascii") or "0")
+    except (UnicodeDecodeError, ValueError):
+        raise CorruptZnodeError(f"znode {path}: epoch is not an integer ({raw[:40]!r})") from None
