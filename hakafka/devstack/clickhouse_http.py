@@ -327,9 +327,10 @@ def _quote(value: str) -> str:
 
 @dataclass
 class Request:
-    """One query as the HTTP layer understood it."""
+    """One query as the HTTP layer understood it: the `query` parameter and the body."""
 
-    text: bytes
+    query: bytes
+    body: bytes
     params: dict[str, str]
     settings: dict[str, str]
     query_params: dict[str, str]
@@ -353,6 +354,7 @@ class _Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     timeout: float = 60.0
     last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
 
 
 def _connect(dsn: str) -> Any:
@@ -376,6 +378,7 @@ class Engine:
             self._sessions.clear()
         for session in sessions:
             if session.lock.acquire(timeout=_SESSION_WAIT):
+                session.closed = True
                 session.conn.close()
         self._base.close()
 
@@ -388,11 +391,7 @@ class Engine:
                 return self._run(conn, request)
             finally:
                 conn.close()
-        session = self._session(session_id, request, check=check)
-        if not session.lock.acquire(timeout=_SESSION_WAIT):
-            raise ClickHouseError.make(
-                373, "SESSION_IS_LOCKED", f"Session {session_id} is locked by a concurrent client"
-            )
+        session = self._locked_session(session_id, request, check=check)
         try:
             saved = self._save(session.conn, request)
             try:
@@ -404,10 +403,25 @@ class Engine:
             session.last_used = time.monotonic()
             session.lock.release()
 
+    def _locked_session(self, session_id: str, request: Request, *, check: bool) -> _Session:
+        """The session, locked for this request (a session expired meanwhile is replaced)."""
+        for _ in range(3):
+            session = self._session(session_id, request, check=check)
+            if not session.lock.acquire(timeout=_SESSION_WAIT):
+                raise ClickHouseError.make(
+                    373,
+                    "SESSION_IS_LOCKED",
+                    f"Session {session_id} is locked by a concurrent client",
+                )
+            if not session.closed:
+                return session
+            session.lock.release()
+        raise ClickHouseError.make(373, "SESSION_IS_LOCKED", f"Session {session_id} keeps expiring")
+
     def _session(self, session_id: str, request: Request, *, check: bool) -> _Session:
         timeout = float(request.params.get("session_timeout") or 60)
         now = time.monotonic()
-        expired: list[_Session] = []
+        expired: list[tuple[str, _Session]] = []
         with self._sessions_lock:
             session = self._sessions.get(session_id)
             if session is None:
@@ -418,13 +432,18 @@ class Engine:
                 for sid, other in list(self._sessions.items()):
                     idle = now - other.last_used > other.timeout
                     if (idle or len(self._sessions) >= _MAX_SESSIONS) and not other.lock.locked():
-                        expired.append(self._sessions.pop(sid))
+                        expired.append((sid, self._sessions.pop(sid)))
                 session = _Session(conn=_connect(self._dsn), timeout=timeout)
                 self._sessions[session_id] = session
             session.timeout = timeout
-        for old in expired:
+        for sid, old in expired:
             if old.lock.acquire(blocking=False):
+                old.closed = True
                 old.conn.close()
+                old.lock.release()
+            else:  # a request took it meanwhile: keep it
+                with self._sessions_lock:
+                    self._sessions.setdefault(sid, old)
         return session
 
     @staticmethod
@@ -469,10 +488,18 @@ class Engine:
                 self._query(conn, f"USE `{database.replace('`', '``')}`")
 
     def _run(self, conn: Any, request: Request) -> Outcome:
-        insert = split_insert(request.text)
+        insert = split_insert(request.query) if request.query else None
+        if insert is not None and not insert.data:
+            return self._insert(conn, insert, memoryview(request.body))  # no copy of the data
+        # ClickHouse reads the query parameter and the body as one text: query + "\n" + body.
+        if request.query and request.body:
+            text = request.query + b"\n" + request.body
+        else:
+            text = request.query or request.body
+        insert = split_insert(text)
         if insert is not None:
-            return self._insert(conn, insert)
-        sql = request.text.decode("utf-8", errors="replace")
+            return self._insert(conn, insert, insert.data)
+        sql = text.decode("utf-8", errors="replace")
         result = self._query(conn, sql, request.default_format, params=request.query_params)
         body = result.bytes()
         fmt = result_format(sql, request.default_format)
@@ -487,13 +514,12 @@ class Engine:
         return Outcome(body=body, fmt=fmt if produces else None, summary=summary)
 
     @staticmethod
-    def _insert(conn: Any, insert: InsertStatement) -> Outcome:
+    def _insert(conn: Any, insert: InsertStatement, data: memoryview) -> Outcome:
         try:
             inserter = conn.send_insert(insert.sql, insert.fmt)
         except Exception as exc:
             raise ClickHouseError.from_engine(exc) from None
         try:
-            data = insert.data
             for start in range(0, len(data), _APPEND_CHUNK):
                 inserter.append(bytes(data[start : start + _APPEND_CHUNK]))
             result = inserter.finish()
@@ -577,6 +603,9 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 300  # idle keep-alive connections go away
     server: _Server
 
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Requests are logged once, by `_handle`."""
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http.message", message=format % args)
 
@@ -632,9 +661,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise ClickHouseError.make(
                 48, "NOT_IMPLEMENTED", "ClickHouse block compression (decompress=1) not supported"
             )
-        query = params.get("query", "")
-        text = (query.encode() + b"\n" + body) if query and body else (query.encode() or body)
-        if not text.strip():
+        query = params.get("query", "").encode()
+        if not query.strip() and not body.strip():
             raise ClickHouseError.make(62, "SYNTAX_ERROR", "Empty query")
         settings: dict[str, str] = {}
         query_params: dict[str, str] = {}
@@ -646,7 +674,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ClickHouseError.make(115, "UNKNOWN_SETTING", f"Bad setting name {key!r}")
                 settings[key] = value
         return Request(
-            text=text,
+            query=query,
+            body=body,
             params=params,
             settings=settings,
             query_params=query_params,
@@ -670,7 +699,17 @@ class _Handler(BaseHTTPRequestHandler):
             raise ClickHouseError.make(
                 202, "QUERY_IS_TOO_LARGE", f"Request body of {length} bytes exceeds {limit}"
             )
-        return self.rfile.read(length) if length else b""
+        return self._read_exactly(length)
+
+    def _read_exactly(self, size: int) -> bytes:
+        """`size` bytes of the body; a connection that ends early is an error, never a prefix."""
+        data = self.rfile.read(size) if size else b""
+        if len(data) != size:
+            self.close_connection = True
+            raise ClickHouseError.make(
+                33, "CANNOT_READ_ALL_DATA", f"Request body ended after {len(data)} of {size} bytes"
+            )
+        return data
 
     def _read_chunked(self, limit: int) -> bytes:
         chunks: list[bytes] = []
@@ -694,8 +733,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ClickHouseError.make(
                     202, "QUERY_IS_TOO_LARGE", f"Chunked request body exceeds {limit} bytes"
                 )
-            chunks.append(self.rfile.read(size))
-            self.rfile.readline(16)  # CRLF after the chunk
+            chunks.append(self._read_exactly(size))
+            if self.rfile.readline(16).strip():
+                self.close_connection = True
+                raise ClickHouseError.make(
+                    27, "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "Chunk not followed by CRLF"
+                )
 
     def _drain_or_close(self) -> None:
         """Leave the connection usable for the next request, or mark it to close."""
