@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -27,6 +28,7 @@ MAX_PAYLOAD_BYTES = 1 << 30
 
 _FIELDS = struct.Struct("<BBHI")
 _CRC = struct.Struct("<I")
+_FRAME = struct.Struct("<BBHIII")
 
 
 class RecordType(enum.IntEnum):
@@ -35,7 +37,10 @@ class RecordType(enum.IntEnum):
     FULL = 1
 
 
-@dataclass(frozen=True, order=True)
+_TYPES = {member.value: member for member in RecordType}
+
+
+@dataclass(frozen=True, order=True, slots=True)
 class Position:
     """Where a record starts: segment index, then byte offset inside that segment."""
 
@@ -46,12 +51,15 @@ class Position:
         return f"{self.segment}:{self.offset}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
     """One replayed record.
 
-    `header` is a bytes copy. `payload` is a read-only memoryview over an immutable bytes object
-    owned by this record alone: it stays valid as long as it is referenced (nothing reuses it).
+    `header` is a bytes copy. `payload` is a read-only memoryview into a read-only memory map of
+    the segment file (no copy): it stays valid as long as it is referenced, also after the log
+    is closed or the segment deleted (the map is released with its last view). Only a file cut
+    shorter behind the log's back (not something the WAL does to returned records) could
+    invalidate it. Use bytes(payload) for a private copy.
     """
 
     position: Position
@@ -70,18 +78,13 @@ class Record:
         return Position(self.position.segment, self.position.offset + self.size)
 
 
-@dataclass(frozen=True)
-class Frame:
-    """The decoded fixed-size frame of one record."""
+class Frame(NamedTuple):
+    """The decoded fixed-size frame of one record (a tuple: decoded once per record)."""
 
     type: RecordType
     header_len: int
     payload_len: int
     crc: int
-
-    @property
-    def body_len(self) -> int:
-        return self.header_len + self.payload_len
 
 
 class FrameError(ValueError):
@@ -105,21 +108,21 @@ def encode_frame(record_type: RecordType, header: bytes, payload: memoryview) ->
     return head + _CRC.pack(crc)
 
 
-def decode_frame(frame: bytes) -> Frame:
-    """Decode a 16-byte frame; raises FrameError naming what is wrong."""
-    fields = frame[:8]
-    (frame_crc,) = _CRC.unpack_from(frame, 8)
-    if crc32c(fields) != frame_crc:
+def decode_frame(buf: bytes | memoryview, offset: int = 0) -> Frame:
+    """Decode the 16-byte frame at `offset` of `buf`; raises FrameError naming what is wrong."""
+    type_code, flags, header_len, payload_len, frame_crc, crc = _FRAME.unpack_from(buf, offset)
+    if crc32c(buf[offset : offset + 8]) != frame_crc:
         raise FrameError("frame CRC mismatch (damaged type or length fields)")
-    type_code, flags, header_len, payload_len = _FIELDS.unpack(fields)
-    if type_code not in RecordType._value2member_map_ or flags != 0:
+    record_type = _TYPES.get(type_code)
+    if record_type is None or flags != 0:
         raise FrameError(f"unknown record type {type_code} / flags {flags}")
     if payload_len > MAX_PAYLOAD_BYTES:
         raise FrameError(f"impossible payload length {payload_len} (max {MAX_PAYLOAD_BYTES})")
-    (crc,) = _CRC.unpack_from(frame, 12)
-    return Frame(RecordType(type_code), header_len, payload_len, crc)
+    return Frame(record_type, header_len, payload_len, crc)
 
 
-def body_crc_matches(frame: bytes, frame_fields: Frame, body: memoryview) -> bool:
-    """True if the record CRC in `frame` covers the first 12 frame bytes plus `body` exactly."""
-    return crc32c(body, value=crc32c(frame[:12])) == frame_fields.crc
+def body_crc_matches(buf: memoryview, offset: int, frame: Frame) -> bool:
+    """True if the record CRC of `frame` (at `offset` of `buf`) matches the bytes that follow."""
+    body_end = offset + FRAME_BYTES + frame.header_len + frame.payload_len
+    head_crc = crc32c(buf[offset : offset + 12])
+    return crc32c(buf[offset + FRAME_BYTES : body_end], value=head_crc) == frame.crc

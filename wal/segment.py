@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Iterator
@@ -122,56 +123,51 @@ def read_records(
     """Yield the valid records of a segment from byte `start` up to byte `end` (default: EOF).
 
     Every record is CRC-checked before it is yielded. At the first damaged record this raises
-    SegmentDamageError with its offset; nothing after it is yielded. Memory: one record at a time.
+    SegmentDamageError with its offset; nothing after it is yielded. Payloads are views into a
+    read-only memory map of the file (no copy); the map lives as long as any view of it, so
+    memory use is the page cache, and a payload stays valid after the file is deleted.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        limit = os.fstat(fd).st_size if end is None else end
-        offset = start
-        # Each read fetches a record's body plus the next frame: one syscall per record.
-        frame = os.pread(fd, FRAME_BYTES, offset) if offset < limit else b""
-        while offset < limit:
-            record, frame = _read_one(fd, path, index, offset=offset, limit=limit, frame=frame)
-            yield record
-            offset += record.size
-    finally:
-        os.close(fd)
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        limit = size if end is None else min(end, size)
+        if start >= limit:
+            return
+        # Mapping only up to `limit` keeps every access inside the file.
+        mapped = mmap.mmap(file.fileno(), limit, prot=mmap.PROT_READ)
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    view = memoryview(mapped)
+    offset = start
+    while offset < limit:
+        record = _read_one(view, path, index, offset)
+        yield record
+        offset += record.size
 
 
-def _read_one(
-    fd: int, path: Path, index: int, *, offset: int, limit: int, frame: bytes
-) -> tuple[Record, bytes]:
-    """The record at `offset` (whose frame bytes are given) and the next record's frame bytes."""
+def _read_one(view: memoryview, path: Path, index: int, offset: int) -> Record:
+    """The CRC-checked record at `offset` of a mapped segment."""
 
     def damage(reason: str, incomplete: bool) -> SegmentDamageError:
         return SegmentDamageError(str(path), index, offset, reason, incomplete)
 
-    if len(frame) < FRAME_BYTES or offset + FRAME_BYTES > limit:
+    limit = view.nbytes
+    if offset + FRAME_BYTES > limit:
         raise damage(f"file ends {limit - offset} bytes into a {FRAME_BYTES}-byte frame", True)
     try:
-        fields = decode_frame(frame)
+        frame = decode_frame(view, offset)
     except FrameError as exc:
         raise damage(str(exc), False) from None
-    body_end = offset + FRAME_BYTES + fields.body_len
+    payload_start = offset + FRAME_BYTES + frame.header_len
+    body_end = payload_start + frame.payload_len
     if body_end > limit:
-        raise damage(f"record of {fields.body_len} bytes runs past the end at byte {limit}", True)
-    want = fields.body_len + (FRAME_BYTES if body_end + FRAME_BYTES <= limit else 0)
-    data = os.pread(fd, want, offset + FRAME_BYTES)
-    if len(data) < fields.body_len:
-        raise damage(f"file ends {len(data)} bytes into a {fields.body_len}-byte body", True)
-    view = memoryview(data)
-    if not body_crc_matches(frame, fields, view[: fields.body_len]):
+        raise damage(f"record of {body_end - offset} bytes runs past the end at byte {limit}", True)
+    if not body_crc_matches(view, offset, frame):
         raise damage("record CRC mismatch", False)
-    record = Record(
+    return Record(
         Position(index, offset),
-        fields.type,
-        bytes(view[: fields.header_len]),
-        view[fields.header_len : fields.body_len],
+        frame.type,
+        view[offset + FRAME_BYTES : payload_start].tobytes(),
+        view[payload_start:body_end],
     )
-    next_frame = data[fields.body_len :] if want > fields.body_len else b""
-    if not next_frame and body_end < limit:
-        next_frame = os.pread(fd, FRAME_BYTES, body_end)
-    return record, next_frame
 
 
 def record_starts_at(path: Path, offset: int) -> bool:
@@ -184,7 +180,8 @@ def record_starts_at(path: Path, offset: int) -> bool:
             if len(frame) < FRAME_BYTES:
                 return False
             try:
-                position += FRAME_BYTES + decode_frame(frame).body_len
+                fields = decode_frame(frame)
+                position += FRAME_BYTES + fields.header_len + fields.payload_len
             except FrameError:
                 return False
         return position == offset
