@@ -196,6 +196,8 @@ _INSERT_FORMAT_RE = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _INSERT_SCAN = 64 << 10
+_SESSION_STATEMENT_RE = re.compile(rb"^\s*(?:SET|USE)\s", re.IGNORECASE)
+_DATABASE = ""  # the current database, kept among a session's setting values
 _OUTPUT_FORMAT_RE = re.compile(r"\bFORMAT\s+([A-Za-z0-9_]+)\s*;?\s*$", re.IGNORECASE)
 _RESULT_STATEMENT_RE = re.compile(
     r"^\s*(?:\(|SELECT\b|WITH\b|SHOW\b|DESC\b|DESCRIBE\b|EXISTS\b|EXPLAIN\b|CHECK\b)",
@@ -338,6 +340,17 @@ class Request:
     default_format: str
     query_id: str
 
+    def desired(self) -> dict[str, str]:
+        """The URL settings and database (key `_DATABASE`) this request runs with."""
+        values = dict(self.settings)
+        if self.database:
+            values[_DATABASE] = self.database
+        return values
+
+    def changes_session(self) -> bool:
+        """True for SET/USE statements, which change the session's own values."""
+        return _SESSION_STATEMENT_RE.match(bytes((self.query or self.body)[:256])) is not None
+
 
 @dataclass
 class Outcome:
@@ -349,8 +362,23 @@ class Outcome:
 
 
 @dataclass
+class _Overlay:
+    """A session's own values of the settings requests changed, and the URL values in force.
+
+    URL settings and ``database`` belong to one request. They are left in force after it and
+    undone lazily, only where the next request wants something else, so a client that sends
+    the same settings every time costs no extra engine round trips. `baseline` holds only
+    while no SET/USE runs in the session (those reset the overlay).
+    """
+
+    baseline: dict[str, str] = field(default_factory=dict)
+    applied: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class _Session:
     conn: Any
+    overlay: _Overlay = field(default_factory=_Overlay)
     lock: threading.Lock = field(default_factory=threading.Lock)
     timeout: float = 60.0
     last_used: float = field(default_factory=time.monotonic)
@@ -387,18 +415,19 @@ class Engine:
         if not session_id:
             conn = _connect(self._dsn)
             try:
-                self._apply(conn, request)
+                self._set(conn, request.desired())
                 return self._run(conn, request)
             finally:
                 conn.close()
         session = self._locked_session(session_id, request, check=check)
         try:
-            saved = self._save(session.conn, request)
-            try:
-                self._apply(session.conn, request)
+            if not request.changes_session():
+                self._switch(session, request.desired())
                 return self._run(session.conn, request)
-            finally:
-                self._restore(session.conn, saved)
+            # SET/USE change the session's own values: run them on those, forget the baseline.
+            self._switch(session, {})
+            session.overlay = _Overlay()
+            return self._run(session.conn, request)
         finally:
             session.last_used = time.monotonic()
             session.lock.release()
@@ -453,39 +482,47 @@ class Engine:
         except Exception as exc:
             raise ClickHouseError.from_engine(exc) from None
 
-    def _save(self, conn: Any, request: Request) -> dict[str, str]:
-        """What `_apply` will change on `conn` (the database under the key ``""``)."""
-        saved: dict[str, str] = {}
-        names = list(request.settings)
-        if names or request.database:
-            raw = self._query(
-                conn,
-                "SELECT '', currentDatabase() UNION ALL "
-                "SELECT name, value FROM system.settings WHERE name IN {names:Array(String)}",
-                "JSONCompactEachRow",
-                params={"names": "[" + ",".join(_quote(n) for n in names) + "]"},
-            ).bytes()
-            for line in raw.splitlines():
-                name, value = json.loads(line)
-                saved[name] = value
-        return saved
+    def _switch(self, session: _Session, desired: Mapping[str, str]) -> None:
+        """Put exactly `desired` (over the session's own values) in force on the session."""
+        overlay = session.overlay
+        missing = [name for name in desired if name not in overlay.baseline]
+        if missing:
+            overlay.baseline.update(self._read(session.conn, missing))
+        target = {name: v for name, v in desired.items() if v != overlay.baseline[name]}
+        changes = {name: overlay.baseline[name] for name in overlay.applied if name not in target}
+        for name, value in target.items():
+            if overlay.applied.get(name, overlay.baseline[name]) != value:
+                changes[name] = value
+        try:
+            self._set(session.conn, changes)
+        except ClickHouseError:
+            self._reset(session, set(changes) | set(overlay.applied))
+            raise
+        overlay.applied = target
 
-    def _apply(self, conn: Any, request: Request) -> None:
-        """Switch `conn` to the request's database and settings."""
-        if request.settings:
-            self._query(
-                conn, "SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in request.settings.items())
-            )
-        if request.database:
-            self._query(conn, f"USE `{request.database.replace('`', '``')}`")
+    def _reset(self, session: _Session, names: set[str]) -> None:
+        """Best effort back to the session's own values after a failed switch."""
+        for name in names:
+            with contextlib.suppress(ClickHouseError):
+                self._set(session.conn, {name: session.overlay.baseline[name]})
+        session.overlay.applied = {}
 
-    def _restore(self, conn: Any, saved: dict[str, str]) -> None:
-        database = saved.pop("", None)
-        if saved:
-            self._query(conn, "SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in saved.items()))
-        if database is not None:
-            with contextlib.suppress(ClickHouseError):  # the database may have been dropped
-                self._query(conn, f"USE `{database.replace('`', '``')}`")
+    def _read(self, conn: Any, names: list[str]) -> dict[str, str]:
+        """The current values of settings `names` (`_DATABASE`: the current database)."""
+        columns = [
+            "currentDatabase()" if name == _DATABASE else f"toString(getSetting({_quote(name)}))"
+            for name in names
+        ]
+        row = self._query(conn, "SELECT " + ", ".join(columns), "JSONCompactEachRow").bytes()
+        return dict(zip(names, json.loads(row), strict=True))
+
+    def _set(self, conn: Any, values: Mapping[str, str]) -> None:
+        """Make `values` the connection's settings (`_DATABASE`: its current database)."""
+        settings = {name: value for name, value in values.items() if name != _DATABASE}
+        if settings:
+            self._query(conn, "SET " + ", ".join(f"{k} = {_quote(v)}" for k, v in settings.items()))
+        if values.get(_DATABASE):
+            self._query(conn, f"USE `{values[_DATABASE].replace('`', '``')}`")
 
     def _run(self, conn: Any, request: Request) -> Outcome:
         insert = split_insert(request.query) if request.query else None

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from backports import zstd
 from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import DatabaseError
 
 from hakafka.devstack.clickhouse import ClickHouseService
 from hakafka.devstack.clickhouse_http import split_insert
@@ -149,20 +150,32 @@ def test_truncated_body_inserts_nothing(clickhouse: ClickHouseService, ch_client
 
 @pytest.mark.integration
 def test_url_settings_do_not_leak_into_the_session(ch_client: Client) -> None:
+    def threads(**settings: int) -> int:
+        sql = "SELECT value FROM system.settings WHERE name = 'max_threads'"
+        value = ch_client.command(sql, settings=settings)
+        assert isinstance(value, int)
+        return value
+
     ch_client.command("SET max_threads = 1")
-    assert (
-        ch_client.command(
-            "SELECT value FROM system.settings WHERE name = 'max_threads'",
-            settings={"max_threads": 2},
-        )
-        == 2
-    )
-    assert ch_client.command("SELECT value FROM system.settings WHERE name = 'max_threads'") == 1
+    assert threads(max_threads=2) == 2
+    assert threads() == 1
+    assert threads(max_threads=2) == 2
+    ch_client.command("SET max_threads = 3")  # lands on the session's own value
+    assert threads() == 3
+    assert threads(max_threads=2) == 2
+    assert threads(max_threads=5) == 5
+    assert threads() == 3
+
     db = ch_client.database
     assert ch_client.command("SELECT currentDatabase()", settings={"database": "system"}) == (
         "system"
     )
     assert ch_client.command("SELECT currentDatabase()") == db
+    with pytest.raises(DatabaseError) as unknown:
+        ch_client.command("SELECT 1", settings={"no_such_setting_at_all": 1})
+    assert "Code: 115" in str(unknown.value)
+    assert "no_such_setting_at_all" in str(unknown.value)
+    assert threads() == 3
 
 
 @pytest.mark.integration
