@@ -1,0 +1,344 @@
+"""`PartitionConsumer`: one topic's shard partitions over confluent-kafka, assign-only.
+
+Never subscribes (no group rebalances) and never commits offsets to Kafka: the daemon's
+checkpoint in ZooKeeper is the only source of start offsets. `auto.offset.reset` is forced to
+`error`, so an out-of-range offset always reaches the explicit `out_of_range` policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from hakafka.consumer.assignment import ShardAssignment
+from hakafka.consumer.errors import KafkaConsumeError, OffsetOutOfRangeError
+
+OutOfRange = Literal["earliest", "fail"]
+
+log = structlog.get_logger("hakafka.consumer.partition_consumer")
+
+_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "token")
+# Settings the consumer owns; a passthrough value for them would break exactly-once.
+_FORCED: dict[str, Any] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "error",
+    "enable.partition.eof": False,
+    "allow.auto.create.topics": False,
+}
+# Throughput defaults for batches of ~10k messages of ~200 bytes; any can be overridden.
+DEFAULT_TUNING: dict[str, Any] = {
+    "fetch.min.bytes": 1,
+    "fetch.wait.max.ms": 100,
+    "fetch.max.bytes": 64 << 20,
+    "max.partition.fetch.bytes": 8 << 20,
+    "fetch.message.max.bytes": 8 << 20,
+    "queued.min.messages": 200_000,
+    "queued.max.messages.kbytes": 256 << 10,
+    "socket.receive.buffer.bytes": 4 << 20,
+}
+_OUT_OF_RANGE_CODES = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+_IGNORED_CODES = frozenset({KafkaError._PARTITION_EOF})
+
+
+def redact_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` with the values of secret-looking keys replaced by `***` (for logs, repr)."""
+    return {
+        key: "***" if any(marker in key.lower() for marker in _SECRET_MARKERS) else value
+        for key, value in settings.items()
+    }
+
+
+@dataclass(frozen=True)
+class OffsetReset:
+    """An out-of-range offset handled by the `earliest` policy.
+
+    `skipped` counts offsets that will never be read (`reset_to - requested` when retention
+    ran past the checkpoint, 0 when the requested offset lay beyond the log's end).
+    """
+
+    topic: str
+    partition: int
+    requested: int
+    reset_to: int
+    high_watermark: int
+
+    @property
+    def skipped(self) -> int:
+        return max(0, self.reset_to - self.requested)
+
+
+class PartitionConsumer:
+    """Reads the assigned partitions of one topic from explicit start offsets.
+
+    `partitions` is a fixed list, or a `ShardAssignment` whose partitions are resolved from
+    topic metadata (and refreshed by `refresh_partitions`). `settings` pass through to
+    librdkafka (security.protocol, SASL, TLS, tuning) and are never logged unredacted.
+    `group_id` only namespaces the client; offsets are never committed to Kafka.
+    `on_reset` is called for every offset reset under the `earliest` policy (metrics).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: Iterable[int] | ShardAssignment,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        out_of_range: OutOfRange = "fail",
+        group_id: str = "hakafka",
+        on_reset: Callable[[OffsetReset], None] | None = None,
+        metadata_timeout: float = 10.0,
+    ) -> None:
+        if out_of_range not in ("earliest", "fail"):
+            raise ValueError(f"out_of_range must be 'earliest' or 'fail', got {out_of_range!r}")
+        settings = dict(settings or {})
+        clash = sorted(key for key in settings if key in _FORCED or key == "group.id")
+        if clash:
+            raise ValueError(
+                f"librdkafka settings {clash} are managed by hakafka and cannot be overridden"
+            )
+        self.topic = topic
+        self.out_of_range: OutOfRange = out_of_range
+        self._spec = partitions if isinstance(partitions, ShardAssignment) else None
+        self._fixed = None if self._spec is not None else sorted(set(partitions))  # type: ignore[arg-type]
+        self._on_reset = on_reset
+        self._timeout = metadata_timeout
+        self._config: dict[str, Any] = {
+            **DEFAULT_TUNING,
+            "client.id": f"{group_id}-{topic}",
+            **settings,
+            **_FORCED,
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+        }
+        self._consumer = Consumer(self._config)
+        self._positions: dict[int, int] = {}
+        self._paused: set[int] = set()
+        # Partitions whose start offset was not yet checked against the high watermark.
+        self._unverified: set[int] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PartitionConsumer(topic={self.topic!r}, config={redact_settings(self._config)})"
+
+    # -- assignment ------------------------------------------------------------------
+
+    def topic_partitions(self) -> list[int]:
+        """All partitions of the topic per fresh metadata ([] if the topic does not exist)."""
+        metadata = self._consumer.list_topics(self.topic, timeout=self._timeout)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            return []
+        return sorted(topic.partitions)
+
+    def owned_partitions(self) -> list[int]:
+        """The partitions this consumer should read, per the spec and current metadata."""
+        if self._fixed is not None:
+            return list(self._fixed)
+        assert self._spec is not None
+        return self._spec.select(self.topic_partitions())
+
+    def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
+        """Start reading every owned partition; returns the assigned partitions.
+
+        A partition missing from `start_offsets` starts at its first available offset. A
+        start offset below the log start follows the `out_of_range` policy right here; one
+        beyond the log end is detected after the first fetch (see `consume`).
+        """
+        if self._positions:
+            raise RuntimeError(f"{self!r} is already assigned; close it and create a new one")
+        owned = self.owned_partitions()
+        unknown = sorted(set(start_offsets) - set(owned))
+        if unknown:
+            raise ValueError(
+                f"start offsets given for partitions {unknown} of {self.topic} that this "
+                f"consumer does not own (owned: {owned})"
+            )
+        self._add(owned, start_offsets)
+        return owned
+
+    def refresh_partitions(self) -> list[int]:
+        """Assign owned partitions that appeared since `assign` (from their first offset).
+
+        Returns the newly assigned partitions, sorted; call it periodically.
+        """
+        new = sorted(set(self.owned_partitions()) - set(self._positions))
+        if new:
+            self._add(new, {})
+            log.info("consumer.partitions_added", topic=self.topic, partitions=new)
+        return new
+
+    def _add(self, partitions: Iterable[int], start_offsets: Mapping[int, int]) -> None:
+        tps = []
+        for partition in partitions:
+            low = self._low_watermark(partition)
+            start = start_offsets.get(partition, low)
+            if start < low:
+                start = self._out_of_range(partition, start, low=low, high=None)
+            self._positions[partition] = start
+            self._unverified.add(partition)
+            tps.append(TopicPartition(self.topic, partition, start))
+        if tps:
+            self._consumer.incremental_assign(tps)
+
+    def _low_watermark(self, partition: int) -> int:
+        # ListOffsets EARLIEST is reliable (LATEST is not, on tansu): query only the low end.
+        low, _ = self._consumer.get_watermark_offsets(
+            TopicPartition(self.topic, partition), timeout=self._timeout, cached=False
+        )
+        return int(low)
+
+    # -- consumption -----------------------------------------------------------------
+
+    def consume(self, num_messages: int = 10_000, timeout: float = 1.0) -> list[Message]:
+        """Up to `num_messages` data messages, waiting at most `timeout` seconds.
+
+        Error events are handled here: partition EOF is ignored, an out-of-range offset
+        follows the policy (`OffsetOutOfRangeError` under `fail`), a fatal error raises
+        `KafkaConsumeError`, other errors are logged (librdkafka retries them).
+        """
+        messages = self._consumer.consume(num_messages, timeout)
+        if not messages:
+            self._verify_positions()
+            return []
+        errors = [m for m in messages if m.error() is not None]
+        if errors:
+            for event in errors:
+                self._handle_error(event)
+            messages = [m for m in messages if m.error() is None]
+        # Last offset per partition: a dict comprehension keeps the last one seen.
+        last: dict[int, int] = {m.partition(): m.offset() for m in messages}  # type: ignore[misc]
+        for partition, offset in last.items():
+            self._positions[partition] = offset + 1
+        self._unverified.difference_update(last)
+        if self._unverified:
+            self._verify_positions()
+        return messages
+
+    def _verify_positions(self) -> None:
+        """Apply the policy to partitions whose position lies beyond the fetched high
+        watermark (brokers like tansu return no error for such fetches)."""
+        for partition in sorted(self._unverified):
+            high = self._cached_watermarks(partition)[1]
+            if high < 0:
+                continue  # no fetch response yet
+            self._unverified.discard(partition)
+            position = self._positions[partition]
+            if position > high:
+                self._reassign(
+                    partition, self._out_of_range(partition, position, low=None, high=high)
+                )
+
+    def _handle_error(self, event: Message) -> None:
+        error = event.error()
+        if error is None:
+            return
+        code = error.code()
+        if code in _IGNORED_CODES:
+            return
+        partition = event.partition()
+        if code in _OUT_OF_RANGE_CODES and partition is not None and partition >= 0:
+            requested = self._positions.get(partition, event.offset() or -1)
+            self._reassign(partition, self._out_of_range(partition, requested, low=None, high=None))
+            return
+        if error.fatal():
+            raise KafkaConsumeError(
+                f"fatal Kafka error on {self.topic}[{partition}]: {error.str()} ({error.name()})"
+            )
+        log.warning(
+            "consumer.kafka_error", topic=self.topic, partition=partition, error=error.str()
+        )
+
+    def _out_of_range(
+        self, partition: int, requested: int, *, low: int | None, high: int | None
+    ) -> int:
+        """Apply the policy to `requested`; returns the offset to read from (`earliest`)."""
+        if low is None:
+            low = self._low_watermark(partition)
+        if high is None:
+            high = self._cached_watermarks(partition)[1]
+        if self.out_of_range == "fail":
+            raise OffsetOutOfRangeError(self.topic, partition, requested, low, max(high, low))
+        reset = OffsetReset(self.topic, partition, requested, low, high)
+        log.error(
+            "consumer.offset_out_of_range",
+            topic=self.topic,
+            partition=partition,
+            requested=requested,
+            reset_to=low,
+            high_watermark=high,
+            skipped_offsets=reset.skipped,
+            policy="earliest",
+        )
+        if self._on_reset is not None:
+            self._on_reset(reset)
+        return low
+
+    def _reassign(self, partition: int, offset: int) -> None:
+        tp = TopicPartition(self.topic, partition, offset)
+        self._consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+        self._consumer.incremental_assign([tp])
+        if partition in self._paused:
+            self._consumer.pause([tp])
+        self._positions[partition] = offset
+
+    # -- flow control and progress ---------------------------------------------------
+
+    def _tps(self, partitions: Iterable[int] | None) -> list[TopicPartition]:
+        chosen = self._positions.keys() if partitions is None else partitions
+        unknown = sorted(set(chosen) - set(self._positions))
+        if unknown:
+            raise ValueError(f"partitions {unknown} of {self.topic} are not assigned")
+        return [TopicPartition(self.topic, p) for p in sorted(chosen)]
+
+    def pause(self, partitions: Iterable[int] | None = None) -> None:
+        """Stop fetching the given partitions (all if None) until `resume`."""
+        tps = self._tps(partitions)
+        self._consumer.pause(tps)
+        self._paused.update(tp.partition for tp in tps)
+
+    def resume(self, partitions: Iterable[int] | None = None) -> None:
+        """Fetch the given partitions (all if None) again."""
+        tps = self._tps(partitions)
+        self._consumer.resume(tps)
+        self._paused.difference_update(tp.partition for tp in tps)
+
+    def paused(self) -> set[int]:
+        return set(self._paused)
+
+    def assigned(self) -> list[int]:
+        return sorted(self._positions)
+
+    def position(self) -> dict[int, int]:
+        """Next offset to read per assigned partition (tracked from delivered messages)."""
+        return dict(self._positions)
+
+    def _cached_watermarks(self, partition: int) -> tuple[int, int]:
+        low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.topic, partition), cached=True
+        )
+        return int(low), int(high)
+
+    def high_watermarks(self) -> dict[int, int]:
+        """High watermark per partition from the latest fetch response (absent: none yet)."""
+        out = {}
+        for partition in self._positions:
+            high = self._cached_watermarks(partition)[1]
+            if high >= 0:
+                out[partition] = high
+        return out
+
+    def lag(self) -> dict[int, int]:
+        """Messages behind the fetched high watermark per partition (absent: unknown yet)."""
+        return {p: max(0, high - self._positions[p]) for p, high in self.high_watermarks().items()}
+
+    def close(self) -> None:
+        """Leave the partitions and free the client; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
