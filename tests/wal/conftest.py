@@ -55,3 +55,17 @@ def replay_all() -> Callable[[Path], Written]:
             return [(r.position, r.header, bytes(r.payload)) for r in log.replay()]
 
     return replay
+
+
+def flip_bits(path: Path, offset: int, mask: int) -> bytes:
+    """XOR the byte at `offset` of file `path` with `mask`; return the file's new contents."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.fixture
+def flip() -> Callable[[Path, int, int], bytes]:
+    """flip(path, offset, mask): damage one byte of a file in place; returns the new contents."""
+    return flip_bits

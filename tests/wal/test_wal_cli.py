@@ -12,6 +12,7 @@ from wal import Position
 from wal.cli import main
 from wal.segment import segment_name
 
+Flip = Callable[[Path, int, int], bytes]
 FillLog = Callable[..., list[tuple[Position, bytes, bytes]]]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,13 +32,13 @@ def test_inspect_lists_segments_counts_sizes_and_headers(tmp_path: Path, fill_lo
     assert "CORRUPT" not in text and "TORN" not in text
 
 
-def test_verify_reports_damage_with_position_and_exits_1(tmp_path: Path, fill_log: FillLog) -> None:
+def test_verify_reports_damage_with_position_and_exits_1(
+    tmp_path: Path, fill_log: FillLog, flip: Flip
+) -> None:
     written = fill_log(tmp_path, [1000] * 10, segment_bytes=4000)
     damaged = written[4][0]
     path = tmp_path / segment_name(damaged.segment)
-    data = bytearray(path.read_bytes())
-    data[damaged.offset + 100] ^= 0xFF
-    path.write_bytes(bytes(data))
+    data = flip(path, damaged.offset + 100, 0xFF)
     result = subprocess.run(
         [sys.executable, "-m", "wal", "verify", str(tmp_path)],
         capture_output=True,
@@ -49,7 +50,7 @@ def test_verify_reports_damage_with_position_and_exits_1(tmp_path: Path, fill_lo
     assert result.returncode == 1
     assert f"CORRUPT: segment {damaged.segment}" in result.stdout
     assert f"at byte {damaged.offset}: record CRC mismatch" in result.stdout
-    assert path.read_bytes() == bytes(data)  # verify changes nothing
+    assert path.read_bytes() == data  # verify changes nothing
 
 
 def test_verify_reports_torn_tail_and_clean_log(tmp_path: Path, fill_log: FillLog) -> None:

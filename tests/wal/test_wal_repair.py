@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from wal import Position, RepairReport, WriteAheadLog
 from wal.segment import segment_name
 
+Flip = Callable[[Path, int, int], bytes]
 FillLog = Callable[..., list[tuple[Position, bytes, bytes]]]
 ReplayAll = Callable[[Path], list[tuple[Position, bytes, bytes]]]
 Written = list[tuple[Position, bytes, bytes]]
@@ -67,14 +68,12 @@ def test_zero_filled_tail_counts_as_torn(
 
 
 def test_repair_reopens_clean_and_appends_after_the_valid_prefix(
-    tmp_path: Path, fill_log: FillLog
+    tmp_path: Path, fill_log: FillLog, flip: Flip
 ) -> None:
     written = fill_log(tmp_path, [3000] * 12, segment_bytes=10_000)
     damaged = written[4][0]
     path = tmp_path / segment_name(damaged.segment)
-    data = bytearray(path.read_bytes())
-    data[damaged.offset + 40] ^= 0x10
-    path.write_bytes(bytes(data))
+    data = flip(path, damaged.offset + 40, 0x10)
     later = [segment_name(i) for i in range(damaged.segment + 1, written[-1][0].segment + 1)]
 
     with WriteAheadLog.open(tmp_path, segment_bytes=10_000) as log:
@@ -91,7 +90,7 @@ def test_repair_reopens_clean_and_appends_after_the_valid_prefix(
             *(f"{name}.at-0.corrupt" for name in later),
         )
         quarantined = (tmp_path / report.quarantined[0]).read_bytes()
-        assert quarantined == bytes(data[damaged.offset :])
+        assert quarantined == data[damaged.offset :]
         pos = log.append(b"new", b"after repair")
         assert pos.segment == damaged.segment
         assert pos.offset == damaged.offset
