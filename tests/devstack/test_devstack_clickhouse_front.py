@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -136,8 +137,12 @@ def test_restart_keeps_data_and_checks_password(tmp_path: Path) -> None:
     service.start()
     try:
         client = service.client()
-        client.command("CREATE TABLE kept (x UInt32) ENGINE = MergeTree ORDER BY x")
-        client.insert("kept", [[1], [2], [3]], column_names=["x"])
+        client.command(
+            "CREATE TABLE kept (x UInt32) ENGINE = MergeTree ORDER BY x "
+            "SETTINGS non_replicated_deduplication_window = 100"
+        )
+        token = {"insert_deduplication_token": "before-restart"}
+        client.insert("kept", [[1], [2], [3]], column_names=["x"], settings=token)
         port, first_pid = service.port, service.pid
         service.stop()
         assert service.pid is None
@@ -145,7 +150,11 @@ def test_restart_keeps_data_and_checks_password(tmp_path: Path) -> None:
         service.start()
         assert service.port == port
         assert service.pid != first_pid
-        assert service.client().command("SELECT sum(x) FROM kept") == 6
+        client = service.client()
+        assert client.command("SELECT sum(x) FROM kept") == 6
+        # The deduplication window survives the restart: a late retry is still dropped.
+        client.insert("kept", [[1], [2], [3]], column_names=["x"], settings=token)
+        assert client.command("SELECT sum(x) FROM kept") == 6
 
         with pytest.raises(DatabaseError) as denied:
             service.client(password="wrong")
@@ -153,3 +162,37 @@ def test_restart_keeps_data_and_checks_password(tmp_path: Path) -> None:
         assert secret not in service.log_path.read_text()
     finally:
         service.stop()
+
+
+def test_parallel_clients_insert_with_tokens(
+    clickhouse: ClickHouseService, ch_database: str
+) -> None:
+    admin = clickhouse.client(database=ch_database)
+    admin.command(
+        "CREATE TABLE par (w UInt8, i UInt32, id UInt64) ENGINE = MergeTree ORDER BY (w, i, id) "
+        "SETTINGS non_replicated_deduplication_window = 1000"
+    )
+
+    def worker(w: int) -> None:
+        client = clickhouse.client(database=ch_database)
+        try:
+            for i in range(4):
+                block = pa.table(
+                    {
+                        "w": pa.array([w] * 5_000, pa.uint8()),
+                        "i": pa.array([i] * 5_000, pa.uint32()),
+                        "id": pa.array(range(5_000), pa.uint64()),
+                    }
+                )
+                for _attempt in range(2):  # every block is sent twice, as after a failover
+                    client.insert_arrow(
+                        "par", block, settings={"insert_deduplication_token": f"{w}:{i}"}
+                    )
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for done in [pool.submit(worker, w) for w in range(4)]:
+            done.result(timeout=240)
+    assert admin.command("SELECT count(), uniqExact(w, i, id) FROM par") == ["80000", "80000"]
+    admin.close()
