@@ -1,0 +1,57 @@
+# hakafka: the two commands a new engineer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install java demo test check lint typecheck pytest bench chaos clean
+
+$(VENV)/bin/python:
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python venv module missing: installing python3-venv"; \
+	  apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,local]'
+	@touch $@
+
+install: $(STAMP) java
+
+# ZooKeeper and Spark need a Java 17 runtime; install it only when there is no java at all.
+java:
+	@command -v java >/dev/null || { \
+	  echo "java not found: installing openjdk-17-jre-headless"; \
+	  apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+check: lint typecheck
+
+# pytest exits 5 when it collects nothing: that is reported loudly, never taken as a pass.
+pytest: install
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: nothing was verified (not a pass)"; exit 0; fi; \
+	exit $$rc
+
+test: install check pytest
+
+demo: install
+	$(PY) -m hakafka.devstack.demo
+
+bench: install
+	$(PY) bench/run_all.py
+
+chaos: install
+	$(PY) -m pytest tests/chaos -m chaos --chaos-long $(PYTEST_ARGS)
+
+clean:
+	-[ -f .devstack/stack.json ] && $(PY) -m hakafka.cli dev down
+	rm -rf .devstack build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

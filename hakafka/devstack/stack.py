@@ -1,0 +1,164 @@
+"""The whole local stack as one unit: `hakafka dev up|down|status`.
+
+`up` starts ZooKeeper, the tansu broker and the ClickHouse front in the background, waits
+until each is healthy, and records what it started in `<root>/stack.json` (PIDs, command
+lines, endpoints) and `<root>/stack.env` (endpoints as shell variables). `down` stops exactly
+those PIDs, and only while each still runs the recorded command line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hakafka.devstack.clickhouse import ClickHouseService
+from hakafka.devstack.kafka import KafkaBroker, broker_healthy
+from hakafka.devstack.process import DevstackError, pid_alive, pid_cmdline, stop_pid
+from hakafka.devstack.zookeeper import ZooKeeperEnsemble, server_mode
+
+STATE_FILE = "stack.json"
+ENV_FILE = "stack.env"
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """What `up` started: enough for `down` and `status` in another process."""
+
+    name: str
+    pid: int
+    cmdline: str
+    endpoint: str
+    env_var: str
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int
+    endpoint: str
+    running: bool
+    healthy: bool
+
+
+def _record(name: str, pid: int | None, endpoint: str, env_var: str) -> ServiceRecord:
+    if pid is None:
+        raise DevstackError(f"{name} reported no PID after start")
+    return ServiceRecord(name, pid, " ".join(pid_cmdline(pid)), endpoint, env_var)
+
+
+def _zk_healthy(endpoint: str) -> bool:
+    return all(server_mode(int(hp.rsplit(":", 1)[1])) for hp in endpoint.split(","))
+
+
+def _ch_healthy(endpoint: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{endpoint}/ping", timeout=1.0) as resp:
+            return bool(resp.read() == b"Ok.\n")
+    except OSError:
+        return False
+
+
+def _kafka_healthy(endpoint: str) -> bool:
+    try:
+        return broker_healthy(endpoint)
+    except Exception:
+        return False
+
+
+_HEALTH: dict[str, Callable[[str], bool]] = {
+    "zookeeper": _zk_healthy,
+    "kafka": _kafka_healthy,
+    "clickhouse": _ch_healthy,
+}
+
+
+class DevStack:
+    """The local stack rooted at one directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def env_path(self) -> Path:
+        return self.root / ENV_FILE
+
+    def records(self) -> list[ServiceRecord]:
+        """The services recorded by the last `up`, or [] if none."""
+        if not self.state_path.exists():
+            return []
+        raw = json.loads(self.state_path.read_text())
+        return [ServiceRecord(**item) for item in raw["services"]]
+
+    def up(self, *, zk_members: int = 1) -> list[ServiceRecord]:
+        """Start the stack unless it runs already; return what runs."""
+        recorded = self.records()
+        running = [r for r in recorded if _owned(r)]
+        if running:
+            if len(running) == len(recorded):
+                return running
+            raise DevstackError(
+                f"part of a stack still runs from {self.state_path}: run `hakafka dev down` first"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        started: list[ServiceRecord] = []
+        try:
+            zk = ZooKeeperEnsemble(self.root / "zookeeper", members=zk_members)
+            zk.start()
+            started += [
+                _record("zookeeper", m.pid, f"127.0.0.1:{m.client_port}", "HAKAFKA_ZK_HOSTS")
+                for m in zk.members
+            ]
+            broker = KafkaBroker(self.root / "kafka")
+            broker.start()
+            started.append(
+                _record("kafka", broker.pid, broker.bootstrap, "HAKAFKA_KAFKA_BOOTSTRAP")
+            )
+            ch = ClickHouseService(self.root / "clickhouse")
+            ch.start()
+            started.append(_record("clickhouse", ch.pid, ch.url, "HAKAFKA_CLICKHOUSE_URL"))
+        except BaseException:
+            for record in started:
+                stop_pid(record.pid, marker=record.cmdline)
+            raise
+        self._save(started)
+        return started
+
+    def _save(self, records: list[ServiceRecord]) -> None:
+        state = {"started": time.time(), "services": [asdict(r) for r in records]}
+        self.state_path.write_text(json.dumps(state, indent=2) + "\n")
+        env: dict[str, list[str]] = {}
+        for r in records:
+            env.setdefault(r.env_var, []).append(r.endpoint)
+        self.env_path.write_text(
+            "".join(f"{var}={','.join(values)}\n" for var, values in env.items())
+        )
+
+    def down(self) -> list[ServiceRecord]:
+        """Stop every recorded service by PID; return those that were stopped."""
+        stopped = [r for r in reversed(self.records()) if stop_pid(r.pid, marker=r.cmdline)]
+        self.state_path.unlink(missing_ok=True)
+        self.env_path.unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> list[ServiceStatus]:
+        """Each recorded service: whether its PID runs and whether it answers health checks."""
+        statuses = []
+        for r in self.records():
+            running = _owned(r)
+            healthy = running and _HEALTH[r.name](r.endpoint)
+            statuses.append(ServiceStatus(r.name, r.pid, r.endpoint, running, healthy))
+        return statuses
+
+
+def _owned(record: ServiceRecord) -> bool:
+    """True if the recorded PID still runs the recorded command line."""
+    return pid_alive(record.pid) and " ".join(pid_cmdline(record.pid)) == record.cmdline

@@ -1,0 +1,154 @@
+"""Shared fixtures: the real local stack, started once per test session by hakafka.devstack.
+
+Services are session-scoped (ZooKeeper, the tansu broker, the ClickHouse HTTP front, Spark);
+every test gets its own namespace in each (a ZooKeeper chroot-like root, topic names, a
+ClickHouse database), so tests do not see each other's data. Everything is stopped by PID
+when the session ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+    from pyspark.sql import SparkSession
+
+    from hakafka.devstack.clickhouse import ClickHouseService
+    from hakafka.devstack.kafka import KafkaBroker
+    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+
+
+def _slug(request: pytest.FixtureRequest) -> str:
+    """A short name unique to this test, usable in ZooKeeper paths, topics and databases."""
+    base = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
+    return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def stack_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("devstack")
+
+
+@pytest.fixture(scope="session")
+def zookeeper(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
+    """A standalone ZooKeeper server (one member)."""
+    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+
+    zk = ZooKeeperEnsemble(stack_root / "zk1", members=1)
+    zk.start()
+    try:
+        yield zk
+    finally:
+        zk.stop()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_ensemble(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
+    """A 3-member ZooKeeper ensemble, for quorum and member-failure tests."""
+    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+
+    zk = ZooKeeperEnsemble(stack_root / "zk3", members=3)
+    zk.start()
+    try:
+        yield zk
+    finally:
+        zk.stop()
+
+
+@pytest.fixture
+def zk_root(request: pytest.FixtureRequest) -> str:
+    """A ZooKeeper path unique to this test, e.g. `/t/test_x_1a2b3c4d`."""
+    return f"/t/{_slug(request)}"
+
+
+@pytest.fixture(scope="session")
+def kafka(stack_root: Path) -> Iterator[KafkaBroker]:
+    """The tansu broker on memory:// storage."""
+    from hakafka.devstack.kafka import KafkaBroker
+
+    broker = KafkaBroker(stack_root / "kafka")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def topic_prefix(request: pytest.FixtureRequest) -> str:
+    """A topic-name prefix unique to this test."""
+    return _slug(request)
+
+
+@pytest.fixture(scope="session")
+def clickhouse(stack_root: Path) -> Iterator[ClickHouseService]:
+    """chdb behind the ClickHouse HTTP interface, as a separate process."""
+    from hakafka.devstack.clickhouse import ClickHouseService
+
+    ch = ClickHouseService(stack_root / "clickhouse")
+    ch.start()
+    try:
+        yield ch
+    finally:
+        ch.stop()
+
+
+@pytest.fixture
+def ch_database(request: pytest.FixtureRequest, clickhouse: ClickHouseService) -> Iterator[str]:
+    """A ClickHouse database unique to this test, dropped afterwards."""
+    name = _slug(request)
+    admin = clickhouse.client()
+    admin.command(f"CREATE DATABASE `{name}`")
+    try:
+        yield name
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
+
+
+@pytest.fixture
+def ch_client(clickhouse: ClickHouseService, ch_database: str) -> Iterator[Client]:
+    """A clickhouse-connect HTTP client bound to this test's database."""
+    client = clickhouse.client(database=ch_database)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One local[2] SparkSession for the whole test session (UI off, 127.0.0.1, 2g driver)."""
+    from pyspark.sql import SparkSession
+
+    # Executors' Python workers must run this interpreter (the venv has pyarrow & co.).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    builder: Any = SparkSession.builder
+    session = (
+        builder.master("local[2]")
+        .appName("hakafka-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "2g")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
