@@ -9,14 +9,14 @@ re-enters the elections.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError
 
 from hakafka.coordination import failover, paths
-from hakafka.coordination.election import Leadership
+from hakafka.coordination.election import Leadership, LeadershipEvent
 from hakafka.coordination.executor import SerialExecutor
 from hakafka.coordination.records import (
     FailoverRequest,
@@ -145,11 +145,13 @@ class Coordinator:
 
     # -- elections --------------------------------------------------------------------------
 
-    def join(self, shard: int) -> Leadership:
-        """Stand for leadership of `shard`; returns its `Leadership` (the same one if joined)."""
-        existing = self._shards.get(shard)
-        if existing is not None:
-            return existing
+    def join(
+        self, shard: int, on_change: Callable[[LeadershipEvent], None] | None = None
+    ) -> Leadership:
+        """Stand for leadership of `shard`; returns its `Leadership`. `on_change` is
+        registered before the candidacy starts, so it sees every event."""
+        if shard in self._shards:
+            raise ValueError(f"node {self.node_id} already stands in shard {shard}")
         self._call(lambda: self._init_paths([shard]))
         leadership = Leadership(
             shard,
@@ -159,6 +161,8 @@ class Coordinator:
             worker=self._worker,
             notifier=self._notifier,
         )
+        if on_change is not None:
+            leadership.on_change(on_change)
         self._shards[shard] = leadership
         leadership.trigger()
         return leadership

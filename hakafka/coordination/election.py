@@ -15,7 +15,7 @@ import enum
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -47,16 +47,21 @@ class LeadershipState(enum.Enum):
 class BecameLeader:
     epoch: int
     token: int
+    at: float = field(default_factory=time.time, compare=False)
+    """Unix time of the state change (every event has one)."""
 
 
 @dataclass(frozen=True)
 class LostLeadership:
     reason: str
+    at: float = field(default_factory=time.time, compare=False)
 
 
 @dataclass(frozen=True)
 class Suspended:
     """The ZooKeeper connection dropped while leading: stop side effects now."""
+
+    at: float = field(default_factory=time.time, compare=False)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class Resumed:
 
     epoch: int
     token: int
+    at: float = field(default_factory=time.time, compare=False)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class FailoverRequested:
     """Ops asked this leader to hand over: finish or abandon the flush, then `resign()`."""
 
     request: FailoverRequest
+    at: float = field(default_factory=time.time, compare=False)
 
 
 LeadershipEvent = BecameLeader | LostLeadership | Suspended | Resumed | FailoverRequested

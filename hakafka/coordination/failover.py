@@ -55,6 +55,11 @@ def request_failover(
     Refused with `FailoverRefused` when `to` is not registered, is under replacement or is
     not a candidate of the shard, or when another request is pending.
     """
+    pending = read_request(session, shard)
+    if pending is not None:
+        raise FailoverRefused(
+            f"shard {shard}: a failover request is already pending ({pending[0]})"
+        )
     if to is not None:
         paths.check_name("node", to)
         if to not in registry.nodes():
@@ -79,10 +84,8 @@ def request_failover(
     try:
         session.create(paths.failover(shard), request.encode())
     except NodeExistsError:
-        pending = read_request(session, shard)
         raise FailoverRefused(
-            f"shard {shard}: a failover request is already pending "
-            f"({pending[0] if pending else 'just removed; retry'})"
+            f"shard {shard}: a failover request is already pending (made just now)"
         ) from None
     log.info("failover.requested", shard=shard, to=to, by=by, deadline=request.deadline)
     return request

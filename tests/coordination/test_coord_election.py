@@ -1,0 +1,261 @@
+"""Election, replacement flags and ops failover with in-process coordinators against the real
+3-member ZooKeeper ensemble; a separate watcher records every change of the leader znode."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from hakafka.coordination import (
+    Coordinator,
+    FailoverRefused,
+    FailoverRequested,
+    Leadership,
+    LeadershipEvent,
+    LeadershipState,
+)
+from hakafka.devstack.process import wait_until
+
+ELECT_TIMEOUT_S = 10.0
+
+
+def stand(
+    coordinators: Any,
+    nodes: list[str],
+    log: Any,
+    *,
+    resign_on_failover: bool = True,
+) -> tuple[dict[str, Coordinator], dict[str, Leadership]]:
+    """Start a coordinator per node and join shard 0, in this order (so sequences ascend)."""
+    made: dict[str, Coordinator] = {}
+    joined: dict[str, Leadership] = {}
+    for node in nodes:
+        coordinator = coordinators(node)
+
+        record = log.callback(node)
+
+        def on_change(event: LeadershipEvent, node: str = node, record: Any = record) -> None:
+            record(event)
+            if resign_on_failover and isinstance(event, FailoverRequested):
+                joined[node].resign("failover requested")
+
+        made[node] = coordinator
+        joined[node] = coordinator.join(0, on_change=on_change)
+        # Its first evaluation (standing or withdrawing) is done before the next node joins.
+        coordinator._worker.submit(lambda: None).result(ELECT_TIMEOUT_S)
+    wait_until(
+        lambda: made[nodes[-1]].leader_of(0) is not None, timeout=ELECT_TIMEOUT_S, what="a leader"
+    )
+    return made, joined
+
+
+def leader(joined: dict[str, Leadership]) -> str:
+    """The one node whose Leadership is LEADER (fails if none or several)."""
+    leading = [n for n, lead in joined.items() if lead.state is LeadershipState.LEADER]
+    assert len(leading) == 1, f"expected exactly one leader, got {leading}"
+    return leading[0]
+
+
+def sees_leader(coordinator: Coordinator, node: str) -> bool:
+    info = coordinator.leader_of(0)
+    return info is not None and info.node == node
+
+
+def wait_new_leader(joined: dict[str, Leadership], old: str, timeout: float) -> str:
+    found: list[str] = []
+
+    def changed() -> bool:
+        leading = [n for n, lead in joined.items() if lead.state is LeadershipState.LEADER]
+        found[:] = [n for n in leading if n != old]
+        return bool(found)
+
+    wait_until(changed, timeout=timeout, what=f"a leader other than {old}", interval=0.002)
+    return found[0]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("count", [2, 3])
+def test_one_leader_and_clean_resign_hands_over_within_500ms(
+    leadership_log: Any, coordinators: Any, leader_watcher: Any, count: int
+) -> None:
+    log = leadership_log
+    nodes = [f"n{i}" for i in range(1, count + 1)]
+    made, joined = stand(coordinators, nodes, log)
+    assert leader(joined) == "n1"  # the lowest sequence
+    for _ in range(4):
+        old = leader(joined)
+        started = time.monotonic()
+        joined[old].resign("test")
+        new = wait_new_leader(joined, old, 2.0)
+        elapsed = time.monotonic() - started
+        assert elapsed < 0.5, f"new leader {new} after {elapsed:.3f} s"
+        # Another client's view catches up (ZooKeeper is only sequentially consistent).
+        watcher_view = functools.partial(sees_leader, made[old], new)
+        wait_until(watcher_view, timeout=2.0, what=f"{old} seeing {new} as leader")
+    time.sleep(0.3)
+    leader(joined)
+    log.assert_one_leader()
+    leader_watcher.assert_epochs_increase()
+    assert len(log.intervals()) == 5
+    assert {node for _, node, _ in leader_watcher.seen if node} <= set(nodes)
+
+
+@pytest.mark.integration
+def test_replacing_node_never_leads_and_leadership_moves_off_it(
+    leadership_log: Any, coordinators: Any, leader_watcher: Any, zk_root: str
+) -> None:
+    log = leadership_log
+    ops = coordinators("ops", register=False)
+    ops.init_paths([0])
+    ops.mark_replacing("n1", "disk swap", by="alice")
+    # A candidate of n1 with the lowest sequence that did not withdraw (a slow or stuck n1).
+    raw = KazooClient(hosts=coordinators.hosts, timeout=10.0)
+    raw.start(timeout=10)
+    try:
+        stale = raw.create(f"{zk_root}/shards/0/election/n_", b"n1", ephemeral=True, sequence=True)
+        _, joined = stand(coordinators, ["n1", "n2", "n3"], log)
+        assert leader(joined) == "n2"
+        children = sorted(raw.get_children(f"{zk_root}/shards/0/election"))
+        assert children[0] == stale.rsplit("/", 1)[1]
+        assert len(children) == 3, "n1's own coordinator must not stand while flagged"
+
+        replicas = {"n1": "ch1:8123", "n2": "ch2:8123", "n3": "ch3:8123"}
+        assert ops.writable_replicas(0, replicas) == {"n2": "ch2:8123", "n3": "ch3:8123"}
+
+        # Flagging the leader moves leadership at once; n1 stays out.
+        started = time.monotonic()
+        ops.mark_replacing("n2", "host retired", by="alice")
+        assert wait_new_leader(joined, "n2", 3.0) == "n3"
+        assert time.monotonic() - started < 2.0
+        assert ops.writable_replicas(0, replicas) == {"n3": "ch3:8123"}
+        assert set(ops.replacing()) == {"n1", "n2"}
+        assert ops.replacing()["n2"].reason == "host retired"
+
+        # Cleared: n2 stands again and takes over when n3 resigns; n1 still never leads.
+        assert ops.clear_replacing("n2") is True
+        wait_until(
+            lambda: len(raw.get_children(f"{zk_root}/shards/0/election")) == 3,
+            timeout=3.0,
+            what="n2 standing again",
+        )
+        joined["n3"].resign("test")
+        assert wait_new_leader(joined, "n3", 2.0) == "n2"
+        assert ops.writable_replicas(0, replicas) == {"n2": "ch2:8123", "n3": "ch3:8123"}
+    finally:
+        raw.stop()
+        raw.close()
+    log.assert_one_leader()
+    assert "n1" not in log.leaders()
+    assert "n1" not in {node for _, node, _ in leader_watcher.seen}
+
+
+@pytest.mark.integration
+def test_failover_to_lands_on_the_requested_node(
+    leadership_log: Any, coordinators: Any, leader_watcher: Any, zk_root: str
+) -> None:
+    log = leadership_log
+    made, joined = stand(coordinators, ["n1", "n2", "n3"], log)
+    ops = made["n1"]
+    assert leader(joined) == "n1"
+
+    ops.request_failover(0, to="n3", by="bob")
+    wait_until(lambda: joined["n3"].state is LeadershipState.LEADER, timeout=5.0, what="n3 leading")
+    wait_until(lambda: sees_leader(ops, "n3"), timeout=2.0, what="n3 in the leader znode")
+    # The request is gone and the others stand again.
+    wait_until(
+        lambda: made["n2"]._session.exists("/shards/0/failover") is None,
+        timeout=3.0,
+        what="request deleted",
+    )
+    wait_until(
+        lambda: len(made["n2"]._session.children("/shards/0/election")) == 3,
+        timeout=3.0,
+        what="all three standing again",
+    )
+
+    # Without a target: the leader resigns and whoever is next takes over.
+    ops.request_failover(0, by="bob")
+    new = wait_new_leader(joined, "n3", 5.0)
+    assert new in ("n1", "n2")
+    wait_until(
+        lambda: ops._session.exists("/shards/0/failover") is None,
+        timeout=3.0,
+        what="request deleted",
+    )
+    time.sleep(0.3)
+    assert leader(joined) == new  # the new leader does not resign for the old request
+    log.assert_one_leader()
+    leader_watcher.assert_epochs_increase()
+    assert [n for _, _, n in log.intervals()] == ["n1", "n3", new]
+
+
+@pytest.mark.integration
+def test_failover_refusals_name_the_node_and_why(leadership_log: Any, coordinators: Any) -> None:
+    log = leadership_log
+    made, joined = stand(coordinators, ["n1", "n2"], log)
+    outsider = coordinators("n9")  # registered but never joins shard 0
+    ops = made["n1"]
+    with pytest.raises(
+        FailoverRefused, match=r"shard 0: cannot fail over to ghost: node ghost is not registered"
+    ):
+        ops.request_failover(0, to="ghost")
+    ops.mark_replacing("n2", "bad disk", by="carol")
+    with pytest.raises(FailoverRefused, match=r"node n2 is under replacement .*by carol: bad disk"):
+        ops.request_failover(0, to="n2")
+    with pytest.raises(FailoverRefused, match=r"node n9 is not a candidate of shard 0"):
+        ops.request_failover(0, to=outsider.node_id)
+    assert ops._session.exists("/shards/0/failover") is None
+    assert leader(joined) == "n1"
+
+
+@pytest.mark.integration
+def test_failover_target_that_does_not_take_over_times_out(
+    leadership_log: Any, coordinators: Any, zk_root: str
+) -> None:
+    log = leadership_log
+    # A leader that ignores the request (a daemon stuck in a flush): nobody takes over, and
+    # the others stop stepping aside when the deadline passes.
+    made, joined = stand(coordinators, ["n1", "n2", "n3"], log, resign_on_failover=False)
+    ops = made["n1"]
+    ops.request_failover(0, to="n3", timeout_s=1.0)
+    wait_until(joined["n1"].failover_requested.is_set, timeout=3.0, what="leader told")
+    with pytest.raises(FailoverRefused, match="already pending"):
+        ops.request_failover(0, to="n2")
+    wait_until(
+        lambda: len(ops._session.children("/shards/0/election")) == 2,
+        timeout=3.0,
+        what="n2 stepping aside (only n1 and n3 stand)",
+    )
+    wait_until(
+        lambda: ops._session.exists("/shards/0/failover") is None,
+        timeout=5.0,
+        what="expired request deleted by the leader",
+    )
+    wait_until(
+        lambda: len(ops._session.children("/shards/0/election")) == 3,
+        timeout=3.0,
+        what="n2 standing again",
+    )
+    assert leader(joined) == "n1"
+    log.assert_one_leader()
+
+
+@pytest.mark.integration
+def test_leader_status_and_leave(leadership_log: Any, coordinators: Any) -> None:
+    log = leadership_log
+    made, joined = stand(coordinators, ["n1", "n2"], log)
+    joined["n1"].set_status("consuming")
+    info = made["n2"].leader_of(0)
+    assert info is not None and (info.node, info.status, info.epoch) == ("n1", "consuming", 1)
+    made["n1"].leave(0)
+    assert wait_new_leader(joined, "n1", 2.0) == "n2"
+    assert joined["n1"].state is LeadershipState.FOLLOWER
+    assert made["n2"]._session.children("/shards/0/election") != []
+    assert len(made["n2"]._session.children("/shards/0/election")) == 1
+    assert set(made["n2"].nodes()) == {"n1", "n2"}
+    assert made["n2"].nodes()["n1"].http == "http://127.0.0.1:1/n1"
+    log.assert_one_leader()
