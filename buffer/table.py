@@ -118,6 +118,10 @@ class MemoryTable:
     Threads: one appender, one flusher (``seal``/``commit``/``abort``), any number of
     readers (``snapshot``/``stats``). Every batch must have ``schema``. Sealed blocks stay
     visible to snapshots until committed.
+
+    Memory: ``nbytes`` sums the Arrow buffer sizes of the held batches. Measured against RSS
+    growth it is within 10% with Arrow's jemalloc pool (``ARROW_DEFAULT_MEMORY_POOL=jemalloc``);
+    the mimalloc pool keeps 10-25% more than it hands out for 10k-row batches.
     """
 
     name: str

@@ -1,0 +1,213 @@
+"""The Flight and HTTP query services and the client helper, over real sockets."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from buffer import MemoryTable
+from buffer.client import QueryFailedError, query
+from buffer.flight import FlightQueryServer
+from buffer.http import HttpQueryServer
+
+TOKEN = "s3cret-token"
+GROUP_SQL = (
+    "SELECT kind, count(*) AS n FROM events WHERE _partition = 0 GROUP BY kind ORDER BY kind"
+)
+EXPECTED = [{"kind": "buy", "n": 333}, {"kind": "click", "n": 334}, {"kind": "view", "n": 333}]
+
+
+def auth_options(token: str | None = TOKEN) -> fl.FlightCallOptions:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return fl.FlightCallOptions(headers=headers, timeout=30)
+
+
+def http_get(
+    url: str, token: str | None = TOKEN, accept: str | None = None
+) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    if accept:
+        request.add_header("Accept", accept)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def test_servers_bind_loopback(
+    flight_server: FlightQueryServer, http_server: HttpQueryServer
+) -> None:
+    assert flight_server.location == f"grpc://127.0.0.1:{flight_server.port}"
+    assert flight_server.port > 0
+    assert http_server.url == f"http://127.0.0.1:{http_server.port}"
+
+
+def test_flight_do_get_streams_the_result(flight_server: FlightQueryServer) -> None:
+    with fl.connect(flight_server.location) as client:
+        reader = client.do_get(fl.Ticket(GROUP_SQL.encode()), options=auth_options())
+        assert reader.read_all().to_pylist() == EXPECTED
+    assert query(flight_server.location, GROUP_SQL, token=TOKEN).to_pylist() == EXPECTED
+
+
+def test_flight_list_flights_gives_tables_schemas_and_counts(
+    flight_server: FlightQueryServer, schema: pa.Schema, table: MemoryTable, batch_factory: Any
+) -> None:
+    with fl.connect(flight_server.location) as client:
+        infos = list(client.list_flights(options=auth_options()))
+        assert [i.descriptor.path for i in infos] == [[b"events"]]
+        assert infos[0].schema.equals(schema)
+        assert infos[0].total_records == 1500
+        assert infos[0].total_bytes > 0
+        ticket = infos[0].endpoints[0].ticket
+        assert ticket.ticket == b'SELECT * FROM "events"'
+        block = table.seal()
+        assert block is not None
+        table.commit(block)
+        table.append(*batch_factory("t", 0, 1000, 5))
+        rows = client.do_get(ticket, options=auth_options()).read_all()
+        assert rows.column("_offset").to_pylist() == [1000, 1001, 1002, 1003, 1004]
+        info = client.get_flight_info(fl.FlightDescriptor.for_path("events"), auth_options())
+        assert info.total_records == 5
+
+
+def test_flight_requires_the_token(flight_server: FlightQueryServer) -> None:
+    with fl.connect(flight_server.location) as client:
+        for options in (auth_options(None), auth_options("wrong")):
+            with pytest.raises(
+                fl.FlightUnauthenticatedError, match="missing or wrong bearer token"
+            ):
+                client.do_get(fl.Ticket(b"SELECT 1"), options=options).read_all()
+            with pytest.raises(fl.FlightUnauthenticatedError):
+                list(client.list_flights(options=options))
+    with pytest.raises(QueryFailedError, match="missing or wrong bearer token"):
+        query(flight_server.location, "SELECT 1")
+
+
+def test_flight_errors_carry_the_engine_message(flight_server: FlightQueryServer) -> None:
+    with pytest.raises(QueryFailedError, match='syntax error at or near "SELEC"'):
+        query(flight_server.location, "SELEC 1", token=TOKEN)
+    with pytest.raises(QueryFailedError, match="COPY statements are refused"):
+        query(flight_server.location, "COPY events TO '/tmp/x.csv'", token=TOKEN)
+    with fl.connect(flight_server.location) as client:
+        with pytest.raises(fl.FlightUnauthorizedError, match="refused by the sandbox"):
+            client.do_get(
+                fl.Ticket(b"SELECT * FROM read_csv('/etc/passwd')"), options=auth_options()
+            ).read_all()
+        with pytest.raises(fl.FlightTimedOutError, match="timeout"):
+            client.do_get(
+                fl.Ticket(b"SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b"),
+                options=auth_options(),
+            ).read_all()
+
+
+def test_http_get_json_csv_and_arrow(http_server: HttpQueryServer) -> None:
+    base = f"{http_server.url}/query?sql={quote(GROUP_SQL)}"
+    status, ctype, body = http_get(base)
+    assert (status, ctype) == (200, "application/json")
+    doc = json.loads(body)
+    assert doc["rows"] == EXPECTED
+    assert doc["columns"] == [{"name": "kind", "type": "string"}, {"name": "n", "type": "int64"}]
+
+    status, ctype, body = http_get(base + "&format=csv")
+    assert (status, ctype) == (200, "text/csv")
+    rows = list(csv.DictReader(io.StringIO(body.decode())))
+    assert [(r["kind"], int(r["n"])) for r in rows] == [(e["kind"], e["n"]) for e in EXPECTED]
+
+    status, ctype, body = http_get(base, accept="application/vnd.apache.arrow.stream")
+    assert (status, ctype) == (200, "application/vnd.apache.arrow.stream")
+    assert pa.ipc.open_stream(body).read_all().to_pylist() == EXPECTED
+
+    status, ctype, _ = http_get(base + "&format=json", accept="text/csv")
+    assert ctype == "application/json"  # an explicit format wins over Accept
+
+
+def test_http_post_raw_and_json_bodies(http_server: HttpQueryServer) -> None:
+    assert query(http_server.url, GROUP_SQL, token=TOKEN).to_pylist() == EXPECTED
+    request = urllib.request.Request(
+        f"{http_server.url}/query",
+        data=json.dumps({"sql": GROUP_SQL, "format": "csv"}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"] == "text/csv"
+        assert response.read().decode().splitlines()[1] == '"buy",333'
+
+
+def test_http_requires_the_token(http_server: HttpQueryServer) -> None:
+    url = f"{http_server.url}/query?sql={quote('SELECT count(*) FROM events')}"
+    for token in (None, "wrong"):
+        status, _, body = http_get(url, token=token)
+        assert status == 401
+        assert json.loads(body) == {
+            "error": "unauthenticated",
+            "message": "missing or wrong bearer token",
+        }
+    with pytest.raises(QueryFailedError, match="missing or wrong bearer token") as err:
+        query(http_server.url, "SELECT 1", token="wrong")
+    assert err.value.status == 401
+
+
+def test_http_bad_sql_is_400_with_the_engine_message(http_server: HttpQueryServer) -> None:
+    status, ctype, body = http_get(
+        f"{http_server.url}/query?sql={quote('SELECT nope FROM events')}"
+    )
+    assert (status, ctype) == (400, "application/json")
+    doc = json.loads(body)
+    assert doc["error"] == "query_error"
+    assert 'Binder Error: Referenced column "nope" not found in FROM clause' in doc["message"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "status", "kind", "message"),
+    [
+        ("ATTACH '/tmp/x.db'", 403, "refused", "ATTACH statements are refused"),
+        ("INSTALL httpfs", 403, "refused", "INSTALL"),
+        (
+            "SELECT * FROM read_parquet('https://example.com/a.parquet')",
+            403,
+            "refused",
+            "disabled by configuration",
+        ),
+        (
+            "SELECT sum(a.range * b.range) FROM range(200000) a, range(200000) b",
+            408,
+            "timeout",
+            "timeout",
+        ),
+        ("SELECT * FROM events", 400, "row_limit", "more than 1200 rows"),
+    ],
+)
+def test_http_refusals_have_their_status(
+    http_server: HttpQueryServer, sql: str, status: int, kind: str, message: str
+) -> None:
+    got, _, body = http_get(f"{http_server.url}/query?sql={quote(sql)}")
+    doc = json.loads(body)
+    assert (got, doc["error"]) == (status, kind)
+    assert message in doc["message"]
+
+
+def test_http_bad_requests(http_server: HttpQueryServer) -> None:
+    status, _, body = http_get(f"{http_server.url}/query")
+    assert status == 400 and "no SQL" in json.loads(body)["message"]
+    status, _, body = http_get(f"{http_server.url}/query?sql=SELECT%201&format=xml")
+    assert status == 400 and "unknown format 'xml'" in json.loads(body)["message"]
+    status, _, _ = http_get(f"{http_server.url}/other")
+    assert status == 404
+
+
+def test_client_refuses_unknown_scheme() -> None:
+    with pytest.raises(ValueError, match="unsupported URL scheme 'ftp'"):
+        query("ftp://127.0.0.1:1", "SELECT 1")
