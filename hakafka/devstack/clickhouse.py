@@ -9,6 +9,8 @@ the data (chdb keeps it in the data path). The front's limits are listed in
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -95,6 +97,13 @@ class ClickHouseService:
         """Stop the front by its PID (no-op if it is not running)."""
         if self._process is not None:
             self._process.stop()
+
+    def kill(self) -> None:
+        """SIGKILL the front (fault injection) and reap it; the data path stays usable."""
+        if self._process is not None and self._process.popen is not None:
+            self._process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.popen.wait(timeout=10.0)
 
     def healthy(self) -> bool:
         """True if the front answers ``GET /ping`` with ``Ok.``."""

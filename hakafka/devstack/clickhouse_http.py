@@ -48,7 +48,13 @@ Limits (the engine is ClickHouse 26 through chdb 4.4; documented, not hidden):
 - ``X-ClickHouse-Summary`` carries read/written rows and bytes and the elapsed time; a
   deduplicated insert still reports the rows it was given (chdb reports them so).
 - Concurrent queries in one session wait up to 10 s for it, then fail with Code 373
-  (SESSION_IS_LOCKED); idle sessions expire after ``session_timeout`` (60 s by default).
+  (SESSION_IS_LOCKED); idle sessions expire after ``session_timeout`` (60 s by default), at
+  most 1000 sessions are kept.
+- URL settings are applied with ``SET`` on the session's connection and undone before the next
+  request that does not want them (or before a ``SET``/``USE`` statement). A setting whose
+  session value is ``auto(N)`` (``max_threads``) comes back as ``N``.
+- ``SETTINGS`` inside an ``INSERT ... FORMAT`` statement work; ``INSERT`` data inline in the
+  URL ``query`` parameter is fine, but the statement must fit in the first 64 KiB.
 """
 
 from __future__ import annotations

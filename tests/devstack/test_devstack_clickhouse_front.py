@@ -156,6 +156,13 @@ def test_restart_keeps_data_and_checks_password(tmp_path: Path) -> None:
         client.insert("kept", [[1], [2], [3]], column_names=["x"], settings=token)
         assert client.command("SELECT sum(x) FROM kept") == 6
 
+        service.kill()  # and after a crash
+        assert service.pid is None
+        service.start()
+        client = service.client()
+        client.insert("kept", [[1], [2], [3]], column_names=["x"], settings=token)
+        assert client.command("SELECT sum(x) FROM kept") == 6
+
         with pytest.raises(DatabaseError) as denied:
             service.client(password="wrong")
         assert "Code: 516" in str(denied.value)
