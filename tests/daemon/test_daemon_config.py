@@ -172,3 +172,17 @@ def test_type_checker_is_applied(tmp_path: Path) -> None:
         "pipelines[0].columns.name: unsupported ClickHouse type 'Map(String, String)'"
         in err.value.problems
     )
+
+
+def test_shipped_example_config_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "systemd" / "hakafka.toml"
+    config = load_config(example)
+    assert config.node == "ch-node-1"
+    assert config.pipelines[0].table == "events"
+    assert [c.name for c in config.pipelines[0].columns] == [
+        "event_id",
+        "user_id",
+        "kind",
+        "amount",
+        "at",
+    ]
