@@ -106,6 +106,11 @@ class ZkSession:
                 f"{self.config.connect_timeout_s} s"
             ) from None
         try:
+            # The root's ancestors are shared by other clusters and tools: only the root (and
+            # everything below it) gets this cluster's ACL.
+            parent = self.config.root.rsplit("/", 1)[0]
+            if parent:
+                self._wait(boot.ensure_path_async(parent, list(OPEN_ACL_UNSAFE)), "ensure", parent)
             self._wait(boot.ensure_path_async(self.config.root, self.config.acl()), "ensure", "/")
         finally:
             boot.stop()

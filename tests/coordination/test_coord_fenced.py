@@ -1,0 +1,100 @@
+"""Fenced checkpoints and flush intents against the real 3-member ZooKeeper ensemble."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from hakafka.coordination import FencedError, PendingIntent
+from hakafka.devstack.process import wait_until
+
+
+def lead(coordinators: Any, node: str = "n1") -> Any:
+    leadership = coordinators(node).join(0)
+    assert leadership.wait_leader(10), f"{node} did not become leader"
+    return leadership
+
+
+@pytest.mark.integration
+def test_pending_then_commit_moves_the_checkpoint_and_clears_the_intent(coordinators: Any) -> None:
+    fenced = lead(coordinators).fenced()
+    assert fenced.read_checkpoint("orders") == {}
+    assert fenced.read_pending("orders") is None
+    intent = PendingIntent(
+        block_id="b1", ranges={"orders": {0: (0, 100), 3: (50, 75)}}, epoch=fenced.epoch
+    )
+    fenced.write_pending("orders", intent)
+    assert fenced.read_pending("orders") == intent
+    assert fenced.commit_checkpoint("orders", {"orders": {0: 100, 3: 75}}) == {
+        "orders": {0: 100, 3: 75}
+    }
+    assert fenced.read_pending("orders") is None
+    # Partitions not named keep their offset; a commit without a pending intent works too.
+    assert fenced.commit_checkpoint("orders", {"orders": {3: 80}, "refunds": {1: 7}}) == {
+        "orders": {0: 100, 3: 80},
+        "refunds": {1: 7},
+    }
+    assert fenced.read_checkpoint("orders") == {"orders": {0: 100, 3: 80}, "refunds": {1: 7}}
+    # Pipelines are separate.
+    assert fenced.read_checkpoint("other") == {}
+
+
+@pytest.mark.integration
+def test_stale_epoch_gets_fenced_error_and_changes_nothing(
+    coordinators: Any, zookeeper_ensemble: Any, zk_root: str
+) -> None:
+    leadership = lead(coordinators)
+    fenced = leadership.fenced()
+    fenced.commit_checkpoint("p", {"t": {0: 10}})
+    fenced.write_pending("p", PendingIntent("b2", {"t": {0: (10, 20)}}, fenced.epoch))
+    # Another writer moves the epoch (what a successor does when it is elected) while this
+    # leader still believes it leads: the server-side check refuses its writes.
+    raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
+    raw.start(timeout=10)
+    try:
+        raw.set(f"{zk_root}/shards/0/epoch", b"99")
+        with pytest.raises(FencedError) as refused:
+            fenced.commit_checkpoint("p", {"t": {0: 20}})
+        message = str(refused.value)
+        assert "shard 0" in message
+        assert f"expected epoch version {fenced.token} (epoch 1)" in message
+        assert f"found epoch version {fenced.token + 1} (epoch 99)" in message
+        with pytest.raises(FencedError, match="write_pending"):
+            fenced.write_pending("p", PendingIntent("b3", {"t": {0: (20, 30)}}, fenced.epoch))
+        checkpoint, _ = raw.get(f"{zk_root}/shards/0/pipelines/p/checkpoint")
+        pending, _ = raw.get(f"{zk_root}/shards/0/pipelines/p/pending")
+    finally:
+        raw.stop()
+        raw.close()
+    assert checkpoint == b'{"t":{"0":10}}'
+    assert b'"block_id":"b2"' in pending
+
+
+@pytest.mark.integration
+def test_fenced_state_of_a_resigned_leader_refuses_locally(coordinators: Any) -> None:
+    leadership = lead(coordinators)
+    fenced = leadership.fenced()
+    leadership.resign("test")
+    with pytest.raises(FencedError, match="no longer leads with epoch 1"):
+        fenced.commit_checkpoint("p", {"t": {0: 1}})
+    # The node stood again and leads with a new epoch and token.
+    assert leadership.wait_leader(5)
+    assert (leadership.epoch, leadership.token) == (2, 2)
+    leadership.fenced().commit_checkpoint("p", {"t": {0: 1}})
+    with pytest.raises(FencedError, match="no longer leads"):
+        fenced.read_checkpoint("p")
+
+
+@pytest.mark.integration
+def test_not_leading_has_no_fenced_state(coordinators: Any) -> None:
+    lead(coordinators, "n1")
+    follower = coordinators("n2").join(0)
+    wait_until(
+        lambda: len(coordinators.made[1]._session.children("/shards/0/election")) == 2,
+        timeout=5,
+        what="n2 standing",
+    )
+    with pytest.raises(FencedError, match="node n2 is not the leader"):
+        follower.fenced()

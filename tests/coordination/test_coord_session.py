@@ -1,0 +1,111 @@
+"""Sessions: expiry and re-registration, digest ACLs and the chroot, against the real
+3-member ZooKeeper ensemble."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+
+from hakafka.coordination import LostLeadership, ZkConfig
+from hakafka.devstack.process import wait_until
+
+
+def expire_session(hosts: str, coordinator: Any) -> None:
+    """Expire `coordinator`'s session the way ZooKeeper's own tests do: open a second client
+    with the same session id and password, then close it."""
+    sid, password = coordinator._session.client.client_id
+    twin = KazooClient(hosts=hosts, client_id=(sid, password), timeout=10.0)
+    twin.start(timeout=10)
+    twin.stop()
+    twin.close()
+
+
+@pytest.mark.integration
+def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
+    coordinators: Any, zookeeper_ensemble: Any, leadership_log: Any
+) -> None:
+    events: list[Any] = []
+    n1 = coordinators("n1")
+    n2 = coordinators("n2")
+    first = n1.join(0, on_change=events.append)
+    assert first.wait_leader(10)
+    second = n2.join(0, on_change=leadership_log.callback("n2"))
+    wait_until(
+        lambda: len(n2._session.children("/shards/0/election")) == 2, timeout=5, what="n2 standing"
+    )
+    old_session = n1._session.session_id
+    expire_session(zookeeper_ensemble.hosts, n1)
+    assert second.wait_leader(10), "n2 did not take over after n1's session expired"
+    wait_until(
+        lambda: any(isinstance(e, LostLeadership) for e in events),
+        timeout=10,
+        what="n1 told it lost leadership",
+    )
+    lost = [e for e in events if isinstance(e, LostLeadership)]
+    assert lost[0].reason == "zookeeper session lost"
+    # A new session: nodes/n1 is back (owned by it) and n1 stands again behind n2.
+    wait_until(
+        lambda: n1._session.connected and n1._session.session_id != old_session,
+        timeout=10,
+        what="n1 reconnected with a new session",
+    )
+    wait_until(lambda: "n1" in n2.nodes(), timeout=5, what="nodes/n1 re-created")
+    stat = n2._session.exists("/nodes/n1")
+    assert stat is not None and stat.ephemeralOwner == n1._session.session_id
+    wait_until(
+        lambda: len(n2._session.children("/shards/0/election")) == 2,
+        timeout=5,
+        what="n1 standing again",
+    )
+    second.resign("test")
+    assert first.wait_leader(5)
+
+
+@pytest.mark.integration
+def test_digest_acl_keeps_other_clients_out_and_root_is_a_chroot(
+    coordinators: Any, zookeeper_ensemble: Any, zk_root: str
+) -> None:
+    secure = coordinators("n1", auth=("hakafka", "s3cret"))
+    assert secure.join(0).wait_leader(10)
+    assert secure.leader_of(0) is not None
+    anonymous = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
+    anonymous.start(timeout=10)
+    wrong = KazooClient(
+        hosts=zookeeper_ensemble.hosts, timeout=10.0, auth_data=[("digest", "hakafka:nope")]
+    )
+    right = KazooClient(
+        hosts=zookeeper_ensemble.hosts, timeout=10.0, auth_data=[("digest", "hakafka:s3cret")]
+    )
+    wrong.start(timeout=10)
+    right.start(timeout=10)
+    try:
+        # Everything lives under the root (the chroot)...
+        data, _ = right.get(f"{zk_root}/shards/0/leader")
+        assert b'"node":"n1"' in data
+        assert right.get_children(f"{zk_root}/nodes") == ["n1"]
+        # ...and only the configured user may read or change it (the root's parent, shared
+        # with other clusters, stays open).
+        parent, name = zk_root.rsplit("/", 1)
+        assert name in anonymous.get_children(parent)
+        anonymous.ensure_path(f"{zk_root}-neighbour")
+        for client in (anonymous, wrong):
+            with pytest.raises(NoAuthError):
+                client.get(f"{zk_root}/shards/0/leader")
+            with pytest.raises(NoAuthError):
+                client.set(f"{zk_root}/shards/0/epoch", b"7")
+    finally:
+        for client in (anonymous, wrong, right):
+            client.stop()
+            client.close()
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ValueError, match=r"zookeeper.root 'hakafka': must be an absolute path"):
+        ZkConfig(hosts="127.0.0.1:2181", root="hakafka")
+    with pytest.raises(ValueError, match=r"zookeeper.hosts .*put the chroot in zookeeper.root"):
+        ZkConfig(hosts="127.0.0.1:2181/hakafka")
+    with pytest.raises(ValueError, match=r"zookeeper.session_timeout_s must be positive"):
+        ZkConfig(hosts="127.0.0.1:2181", session_timeout_s=0)
