@@ -49,24 +49,28 @@ def post(
         conn.close()
 
 
-def test_split_insert_finds_data_after_format_name() -> None:
-    found = split_insert(b"INSERT INTO db.t (`a`, `format`) FORMAT Native\n\n\x01rest")
-    assert found is not None
-    assert (found.sql, found.fmt, bytes(found.data)) == (
-        "INSERT INTO db.t (`a`, `format`)",
-        "Native",
-        b"\n\x01rest",
-    )
-    inline = split_insert(b'insert into t settings x=1 format JSONEachRow {"a": 1}')
-    assert inline is not None
-    assert (inline.sql, inline.fmt, bytes(inline.data)) == (
-        "insert into t settings x=1",
-        "JSONEachRow",
-        b'{"a": 1}',
-    )
-    assert split_insert(b"INSERT INTO t VALUES ('FORMAT Native')") is None
-    assert split_insert(b"INSERT INTO t SELECT * FROM s FORMAT Native") is None
-    assert split_insert(b"SELECT 1 FORMAT Native") is None
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            b"INSERT INTO db.t (`a`, `format`) FORMAT Native\n\n\x01rest",
+            ("INSERT INTO db.t (`a`, `format`)", "Native", b"\n\x01rest"),
+        ),
+        (
+            b'insert into t settings x=1 format JSONEachRow {"a": 1}',
+            ("insert into t settings x=1", "JSONEachRow", b'{"a": 1}'),
+        ),
+        (b"INSERT INTO t VALUES ('FORMAT Native')", None),
+        (b"INSERT INTO t SELECT * FROM s FORMAT Native", None),
+        (b"SELECT 1 FORMAT Native", None),
+    ],
+)
+def test_split_insert_finds_data_after_format_name(
+    text: bytes, expected: tuple[str, str, bytes] | None
+) -> None:
+    found = split_insert(text)
+    got = None if found is None else (found.sql, found.fmt, bytes(found.data))
+    assert got == expected
 
 
 @pytest.mark.integration
