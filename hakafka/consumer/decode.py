@@ -20,6 +20,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import structlog
@@ -107,9 +108,12 @@ class _ArrowDecoder:
         self.options = options or DecodeOptions()
         self._declared = schema.declared_schema()
         self._text = schema.text_schema()
-        self._needs_cast = not self._text.equals(
-            pa.schema([pa.field(f.name, f.type) for f in self._declared])
-        )
+        # Columns a text parser cannot produce directly: parsed as `text`, then cast.
+        self._casts = [
+            (i, f.type)
+            for i, (f, text) in enumerate(zip(self._declared, self._text, strict=True))
+            if f.type != text.type
+        ]
         self._output = schema.arrow_schema()
         self._required = [c.name for c in schema.columns if c.is_required]
 
@@ -206,8 +210,8 @@ class _ArrowDecoder:
             if len(values) == 1:
                 raise _ChunkError(f"message holds {table.num_rows} records, expected exactly one")
             raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
-        if self._needs_cast:
-            table = table.cast(pa.schema([pa.field(f.name, f.type) for f in self._declared]))
+        for i, target in self._casts:
+            table = table.set_column(i, table.field(i).name, _cast(table.column(i), target))
         return table
 
     def _bisect(
@@ -314,6 +318,29 @@ class _ArrowDecoder:
             good=rows.num_rows,
             bad=len(bad),
         )
+
+
+def _cast(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """Cast a parsed column to its final type; a date must not carry a time of day."""
+    cast = column.cast(target)
+    if pa.types.is_date(_leaf(target)):
+        parsed, dates = _leaves(column), _leaves(cast)
+        same = pc.equal(dates.cast(parsed.type), parsed)
+        if not pc.all(pc.or_kleene(same, pc.is_null(parsed))).as_py():
+            raise _ChunkError(f"a Date value has a time of day ({target} expected)")
+    return cast
+
+
+def _leaf(data_type: pa.DataType) -> pa.DataType:
+    while pa.types.is_list(data_type):
+        data_type = data_type.value_type
+    return data_type
+
+
+def _leaves(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    while pa.types.is_list(column.type):
+        column = pc.list_flatten(column)
+    return column
 
 
 def _row_hint(exc: BaseException) -> int | None:

@@ -228,7 +228,8 @@ class PipelineSchema:
             if spec.name in seen:
                 raise SchemaError(f"column {spec.name!r} is declared twice")
             seen.add(spec.name)
-            if spec.required and spec.mapped.nullable:
+            mapped = spec.mapped  # raises SchemaError for unsupported types
+            if spec.required and mapped.nullable:
                 raise SchemaError(
                     f"column {spec.name!r}: required=True contradicts {spec.clickhouse_type}"
                 )

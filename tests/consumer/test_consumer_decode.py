@@ -1,0 +1,234 @@
+"""Decoders: fast path, isolation of bad messages, dead letters, on_error policies."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pytest
+
+from hakafka.consumer import (
+    DecodeError,
+    DecodeOptions,
+    MessageColumns,
+    PipelineSchema,
+    SchemaError,
+    make_decoder,
+)
+
+SCHEMA = PipelineSchema.of(
+    [("id", "Int64"), ("name", "String"), ("score", "Nullable(Float64)"), ("day", "Date")],
+    ["_topic", "_timestamp", "_key"],
+)
+
+
+def columns(
+    values: Sequence[bytes | None], *, partition: int = 0, first: int = 100, topic: str = "events"
+) -> MessageColumns:
+    n = len(values)
+    return MessageColumns(
+        topics=[topic] * n,
+        partitions=[partition] * n,
+        offsets=list(range(first, first + n)),
+        timestamps=[1_700_000_000_000 + i for i in range(n)],
+        keys=[b"k%d" % i for i in range(n)],
+        values=list(values),
+    )
+
+
+def good(i: int) -> bytes:
+    return json.dumps({"id": i, "name": f"n{i}", "score": i / 2, "day": "2024-03-01"}).encode()
+
+
+def dead_by_offset(batch_dead: pa.RecordBatch | None) -> dict[int, str]:
+    assert batch_dead is not None
+    return dict(
+        zip(batch_dead["_offset"].to_pylist(), batch_dead["_error"].to_pylist(), strict=True)
+    )
+
+
+def test_json_fast_path_builds_rows_with_meta_columns_in_kafka_order() -> None:
+    decoded = make_decoder("json", SCHEMA).decode_columns(columns([good(i) for i in range(5)]))
+    rows = decoded.rows
+    assert rows.schema == SCHEMA.arrow_schema()
+    assert rows["id"].to_pylist() == [0, 1, 2, 3, 4]
+    assert rows["day"].to_pylist() == [dt.date(2024, 3, 1)] * 5
+    assert rows["_offset"].to_pylist() == [100, 101, 102, 103, 104]
+    assert rows["_partition"].to_pylist() == [0] * 5
+    assert rows["_topic"].to_pylist() == ["events"] * 5
+    assert rows["_key"].to_pylist() == [b"k0", b"k1", b"k2", b"k3", b"k4"]
+    assert rows["_timestamp"][1].as_py() == dt.datetime(2023, 11, 14, 22, 13, 20, 1000)
+    assert decoded.dead_letters is None
+    assert (decoded.good, decoded.bad) == (5, 0)
+    assert decoded.ranges == {("events", 0): (100, 104)}
+
+
+def test_mixed_batch_yields_good_rows_in_order_and_exact_dead_letters() -> None:
+    values: list[bytes | None] = [good(i) for i in range(12)]
+    values[2] = b'{"id": "two", "name": "x", "day": "2024-03-01"}'  # type mismatch
+    values[5] = b'{"name": "no id", "day": "2024-03-01"}'  # required field missing
+    values[6] = b'{"id": null, "name": "null id", "day": "2024-03-01"}'  # required null
+    values[7] = b'{"id": 7, "name": "\xff\xfe", "day": "2024-03-01"}'  # invalid UTF-8
+    values[9] = b"{not json"
+    values[11] = b""  # empty
+    decoded = make_decoder("json", SCHEMA).decode_columns(columns(values))
+    assert decoded.rows["id"].to_pylist() == [0, 1, 3, 4, 8, 10]
+    assert decoded.rows["_offset"].to_pylist() == [100, 101, 103, 104, 108, 110]
+    dead = dead_by_offset(decoded.dead_letters)
+    assert sorted(dead) == [102, 105, 106, 107, 109, 111]
+    assert "changed from number to string" in dead[102]
+    assert dead[105] == "required field 'id' is missing or null"
+    assert dead[106] == "required field 'id' is missing or null"
+    assert dead[107] == "invalid UTF-8 at byte 19: invalid start byte"
+    assert "JSON parse error" in dead[109]
+    assert dead[111].startswith("empty message")
+    assert decoded.dead_letters is not None
+    raw = dict(
+        zip(
+            decoded.dead_letters["_offset"].to_pylist(),
+            decoded.dead_letters["_value"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert raw[107] == values[7]
+    assert decoded.dead_letters["_key"].to_pylist()[0] == b"k2"
+    assert (decoded.good, decoded.bad) == (6, 6)
+    assert decoded.ranges == {("events", 0): (100, 111)}  # bad messages count for the checkpoint
+
+
+def test_oversized_messages_are_dead_letters_naming_size_and_limit() -> None:
+    big = json.dumps({"id": 1, "name": "x" * 500, "day": "2024-03-01"}).encode()
+    decoder = make_decoder("json", SCHEMA, DecodeOptions(max_message_bytes=200))
+    decoded = decoder.decode_columns(columns([good(0), big, good(2)]))
+    assert decoded.rows["id"].to_pylist() == [0, 2]
+    assert dead_by_offset(decoded.dead_letters) == {
+        101: f"message of {len(big)} bytes exceeds max_message_bytes 200"
+    }
+
+
+def test_integer_overflow_and_bad_date_are_type_errors() -> None:
+    schema = PipelineSchema.of([("small", "Int8"), ("day", "Nullable(Date)")])
+    values = [
+        b'{"small": 1}',
+        b'{"small": 300}',
+        b'{"small": 2, "day": "2024-01-01 10:00:00"}',
+        b'{"small": 3, "day": "2024-01-02"}',
+    ]
+    decoded = make_decoder("json", schema).decode_columns(columns(values))
+    assert decoded.rows["small"].to_pylist() == [1, 3]
+    assert decoded.rows["day"].to_pylist() == [None, dt.date(2024, 1, 2)]
+    dead = dead_by_offset(decoded.dead_letters)
+    assert "int8" in dead[101]
+    assert sorted(dead) == [101, 102]
+
+
+def test_raw_newlines_are_legal_only_between_tokens() -> None:
+    pretty = b'{\n  "id": 1,\r\n  "name": "pretty",\n  "day": "2024-03-01"\n}'
+    newline_in_string = b'{"id": 2, "name": "a\nb", "day": "2024-03-01"}'
+    two_objects = good(3) + b" " + good(4)
+    decoded = make_decoder("json", SCHEMA).decode_columns(
+        columns([good(0), pretty, newline_in_string, two_objects, good(5)])
+    )
+    assert decoded.rows["id"].to_pylist() == [0, 1, 5]
+    assert decoded.rows["name"].to_pylist() == ["n0", "pretty", "n5"]
+    dead = dead_by_offset(decoded.dead_letters)
+    assert sorted(dead) == [102, 103]
+    assert dead[103] == "message holds 2 records, expected exactly one"
+
+
+def test_one_bad_message_among_ten_thousand_is_isolated() -> None:
+    values: list[bytes | None] = [good(i) for i in range(10_000)]
+    values[6_789] = b'{"id": 1.5, "name": "float id", "day": "2024-03-01"}'
+    decoded = make_decoder("json", SCHEMA).decode_columns(columns(values, first=0))
+    assert decoded.rows.num_rows == 9_999
+    assert dead_by_offset(decoded.dead_letters).keys() == {6_789}
+    assert decoded.rows["id"].to_pylist() == [i for i in range(10_000) if i != 6_789]
+
+
+def test_unknown_fields_are_ignored_and_optional_fields_default_to_null() -> None:
+    decoded = make_decoder("json", SCHEMA).decode_columns(
+        columns([b'{"id": 1, "name": "a", "day": "2024-03-01", "extra": [1, {"x": 2}]}'])
+    )
+    assert decoded.rows["score"].to_pylist() == [None]
+    assert decoded.bad == 0
+
+
+def test_skip_policy_drops_bad_messages_and_counts_them() -> None:
+    decoder = make_decoder("json", SCHEMA, DecodeOptions(on_error="skip"))
+    decoded = decoder.decode_columns(columns([good(0), b"nope", good(2)]))
+    assert decoded.rows["_offset"].to_pylist() == [100, 102]
+    assert decoded.dead_letters is None
+    assert decoded.bad == 1
+    assert decoded.ranges == {("events", 0): (100, 102)}
+
+
+def test_fail_policy_raises_naming_the_first_bad_offset() -> None:
+    decoder = make_decoder("json", SCHEMA, DecodeOptions(on_error="fail"))
+    with pytest.raises(DecodeError, match=r"cannot decode events\[3\] offset 101: .*JSON parse"):
+        decoder.decode_columns(columns([good(0), b"nope", b"also bad"], partition=3))
+
+
+def test_ranges_cover_each_partition_of_an_interleaved_batch() -> None:
+    n = 6
+    cols = MessageColumns(
+        topics=["t"] * n,
+        partitions=[0, 1, 0, 1, 2, 0],
+        offsets=[5, 40, 6, 41, 7, 7],
+        timestamps=[-1] * n,
+        keys=[None] * n,
+        values=[good(i) for i in range(n)],
+    )
+    decoded = make_decoder("json", SCHEMA).decode_columns(cols)
+    assert decoded.ranges == {("t", 0): (5, 7), ("t", 1): (40, 41), ("t", 2): (7, 7)}
+    assert decoded.rows["_partition"].to_pylist() == [0, 1, 0, 1, 2, 0]
+    assert decoded.rows["_timestamp"][0].as_py() == dt.datetime(1970, 1, 1)
+
+
+def test_raw_decoder_keeps_the_value_and_rejects_invalid_utf8() -> None:
+    schema = PipelineSchema.of([("line", "String")])
+    decoded = make_decoder("raw", schema).decode_columns(
+        columns([b"hello", b"multi\nline", b"\xc3\x28", "h\u00e9".encode()])
+    )
+    assert decoded.rows["line"].to_pylist() == ["hello", "multi\nline", "h\u00e9"]
+    assert list(dead_by_offset(decoded.dead_letters)) == [102]
+    with pytest.raises(SchemaError, match="exactly one declared column of type String"):
+        make_decoder("raw", PipelineSchema.of([("n", "Int32")]))
+
+
+def test_csv_decoder_parses_typed_fields_and_isolates_bad_rows() -> None:
+    schema = PipelineSchema.of(
+        [("id", "UInt32"), ("name", "String"), ("at", "DateTime64(3)"), ("ok", "Nullable(Bool)")]
+    )
+    values = [
+        b"1,alice,2024-01-01 00:00:00.250,true",
+        b'2,"bob, ""the"" builder",2024-01-02T00:00:00,',
+        b"x,carol,2024-01-03 00:00:00,false",  # id not a number
+        b"4,dave",  # too few fields
+        b'5,"multi\nline",2024-01-05 00:00:00,false',
+    ]
+    decoded = make_decoder("csv", schema).decode_columns(columns(values))
+    assert decoded.rows["id"].to_pylist() == [1, 2, 5]
+    assert decoded.rows["name"].to_pylist() == ["alice", 'bob, "the" builder', "multi\nline"]
+    assert decoded.rows["at"][0].as_py() == dt.datetime(2024, 1, 1, 0, 0, 0, 250000)
+    assert decoded.rows["ok"].to_pylist() == [True, None, False]
+    assert sorted(dead_by_offset(decoded.dead_letters)) == [102, 103]
+
+
+def test_decoding_an_empty_batch_gives_an_empty_typed_batch() -> None:
+    decoded = make_decoder("json", SCHEMA).decode_columns(columns([]))
+    assert decoded.rows.num_rows == 0
+    assert decoded.rows.schema == SCHEMA.arrow_schema()
+    assert decoded.ranges == {}
+
+
+def test_array_of_dates_is_cast_and_checked() -> None:
+    schema = PipelineSchema.of([("days", "Array(Date)")])
+    decoded = make_decoder("json", schema).decode_columns(
+        columns([b'{"days": ["2024-01-01", "2024-01-02"]}', b'{"days": ["2024-01-01 01:00:00"]}'])
+    )
+    assert decoded.rows["days"].to_pylist() == [[dt.date(2024, 1, 1), dt.date(2024, 1, 2)]]
+    assert dead_by_offset(decoded.dead_letters) == {
+        101: "a Date value has a time of day (list<item: date32[day]> expected)"
+    }
