@@ -454,7 +454,13 @@ class Engine:
         raise ClickHouseError.make(373, "SESSION_IS_LOCKED", f"Session {session_id} keeps expiring")
 
     def _session(self, session_id: str, request: Request, *, check: bool) -> _Session:
-        timeout = float(request.params.get("session_timeout") or 60)
+        raw_timeout = request.params.get("session_timeout") or "60"
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise ClickHouseError.make(
+                36, "BAD_ARGUMENTS", f"Invalid session_timeout: {raw_timeout!r}"
+            ) from None
         now = time.monotonic()
         expired: list[tuple[str, _Session]] = []
         with self._sessions_lock:
@@ -689,6 +695,14 @@ class _Handler(BaseHTTPRequestHandler):
             except ClickHouseError as exc:
                 self._send_error(exc, query_id)
                 log.debug("http.error", query_id=query_id, code=exc.code)
+                return
+            except Exception as exc:  # a bug or bad input we did not foresee: answer, go on
+                log.warning("http.internal_error", query_id=query_id, error=repr(exc))
+                self.close_connection = True
+                self._send_error(
+                    ClickHouseError.make(1001, "STD_EXCEPTION", f"{type(exc).__name__}: {exc}"),
+                    query_id,
+                )
                 return
             self._send_outcome(outcome, query_id)
             log.debug(

@@ -132,6 +132,20 @@ def test_formats_encodings_and_chunked_bodies(
     )
     assert (status, body) == (200, b"j42\n")
 
+    # Bad input gets a ClickHouse error, and the server goes on.
+    status, headers, body = post(
+        clickhouse, {"query": "SELECT 1", "session_id": "s", "session_timeout": "x"}
+    )
+    assert (status, headers["X-ClickHouse-Exception-Code"]) == (400, "36")
+    status, headers, body = post(
+        clickhouse, {"query": "SELECT 1"}, b"x", {"Content-Encoding": "br"}
+    )
+    assert (status, headers["X-ClickHouse-Exception-Code"]) == (501, "48")
+    status, headers, body = post(clickhouse, db, b'INSERT INTO t FORMAT JSONEachRow\n{"id": "x"}')
+    assert status == 400
+    assert body.startswith(b"Code: ")
+    assert post(clickhouse, {"query": "SELECT 2"})[2] == b"2\n"
+
 
 @pytest.mark.integration
 def test_truncated_body_inserts_nothing(clickhouse: ClickHouseService, ch_client: Client) -> None:
