@@ -212,6 +212,8 @@ class CandidateProcess:
     def _read(self) -> None:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:
+            if not line.startswith("{"):
+                continue  # not an event (stray output)
             event = json.loads(line)
             self.events.append(event)
             self._new.put(event)

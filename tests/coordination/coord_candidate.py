@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+import structlog
+
 from hakafka.coordination import (
     BecameLeader,
     Coordinator,
@@ -117,6 +119,8 @@ class Candidate:
 
 
 def main() -> None:
+    # stdout carries the JSON events; logs go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", required=True)
     parser.add_argument("--root", required=True)

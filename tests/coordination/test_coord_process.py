@@ -1,0 +1,149 @@
+"""Process-level faults against the real 3-member ZooKeeper ensemble: kill -9 of the leader
+process, a leader frozen with SIGSTOP past its session timeout, and the crash of the
+ensemble's own leader member."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from hakafka.coordination import LeadershipState
+from hakafka.devstack.process import wait_until
+
+SESSION_TIMEOUT_S = 2.0
+
+
+def started_leader(procs: list[Any]) -> Any:
+    """The process that reported became_leader (waiting up to 10 s for one)."""
+    found: list[Any] = []
+
+    def one() -> bool:
+        found[:] = [p for p in procs if any(e["event"] == "became_leader" for e in p.events)]
+        return bool(found)
+
+    wait_until(one, timeout=10, what="a first leader")
+    return found[0]
+
+
+def became_after(proc: Any, since: float) -> float | None:
+    times = [e["at"] for e in proc.events if e["event"] == "became_leader" and e["at"] > since]
+    return min(times) if times else None
+
+
+@pytest.mark.integration
+def test_kill_9_of_the_leader_elects_a_new_one_within_session_timeout(
+    candidates: Any, leader_watcher: Any, leadership_log: Any
+) -> None:
+    procs = [candidates(node) for node in ("n1", "n2", "n3")]
+    alive = list(procs)
+    leader = started_leader(procs)
+    assert leader.node == "n1"
+    killed_at: dict[str, float] = {}
+    for _ in range(2):
+        leader.signal(signal.SIGKILL)
+        killed = time.time()
+        killed_at[leader.node] = killed
+        alive.remove(leader)
+        successor: list[Any] = []
+
+        def elected(killed: float = killed) -> bool:
+            successor[:] = [p for p in alive if became_after(p, killed) is not None]
+            return bool(successor)
+
+        wait_until(elected, timeout=SESSION_TIMEOUT_S + 5, what="a new leader", interval=0.01)
+        assert len(successor) == 1
+        took = became_after(successor[0], killed) - killed  # type: ignore[operator]
+        assert took < SESSION_TIMEOUT_S + 1.0, f"new leader after {took:.2f} s"
+        leader = successor[0]
+    assert leader.node == "n3"
+    for proc in procs:
+        proc.feed(leadership_log)
+        if proc.node in killed_at:  # a killed leader led until the kill at the latest
+            leadership_log.record(proc.node, "end", killed_at[proc.node])
+    leadership_log.assert_one_leader()
+    assert leadership_log.leaders() == ["n1", "n2", "n3"]
+    wait_until(lambda: leader_watcher.current() == "n3", timeout=5, what="watcher seeing n3")
+    leader_watcher.assert_epochs_increase()
+    assert [node for _, node, _ in leader_watcher.seen if node] == ["n1", "n2", "n3"]
+
+
+@pytest.mark.integration
+def test_leader_frozen_past_its_session_is_fenced_after_resuming(
+    candidates: Any, zookeeper_ensemble: Any, zk_root: str
+) -> None:
+    n1 = candidates("n1")
+    n2 = candidates("n2")
+    assert started_leader([n1, n2]) is n1
+    n1.send("commit p t 0 10")
+    assert n1.wait_event("commit", 10).get("ok") is True
+
+    n1.signal(signal.SIGSTOP)
+    stopped = time.time()
+    took_over = n2.wait_event("became_leader", SESSION_TIMEOUT_S + 5)
+    assert took_over["at"] - stopped < SESSION_TIMEOUT_S + 1.0
+    n2.send("commit p t 0 20")
+    assert n2.wait_event("commit", 10)["checkpoint"] == {"t": {"0": 20}}
+
+    # The zombie wakes up and tries to commit with the token it had: refused.
+    n1.send("commit p t 0 999")
+    n1.signal(signal.SIGCONT)
+    refused = n1.wait_event("commit", 15)
+    assert refused.get("error") == "FencedError", refused
+    assert "shard 0" in refused["message"]
+    lost = n1.wait_event("lost", 15)
+    assert lost["reason"] in (
+        "zookeeper session lost",
+        "leadership lost while the connection was suspended",
+    )
+
+    raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
+    raw.start(timeout=10)
+    try:
+        data, _ = raw.get(f"{zk_root}/shards/0/pipelines/p/checkpoint")
+        leader, _ = raw.get(f"{zk_root}/shards/0/leader")
+    finally:
+        raw.stop()
+        raw.close()
+    assert json.loads(data) == {"t": {"0": 20}}
+    assert json.loads(leader)["node"] == "n2"
+    # n1 stands again behind n2 and never claimed leadership back.
+    assert [e for e in n1.events if e["event"] == "became_leader"][1:] == []
+
+
+@pytest.mark.integration
+def test_crash_of_the_ensemble_leader_member_keeps_one_leader(
+    coordinators: Any, zookeeper_ensemble: Any, leader_watcher: Any, leadership_log: Any
+) -> None:
+    joined = {}
+    for node in ("n1", "n2", "n3"):
+        coordinator = coordinators(node, session_timeout_s=4.0)
+        joined[node] = coordinator.join(0, on_change=leadership_log.callback(node))
+    assert joined["n1"].wait_leader(10)
+    zk_leader = zookeeper_ensemble.leader_id()
+    assert zk_leader is not None
+    try:
+        zookeeper_ensemble.stop_member(zk_leader, sig=signal.SIGKILL)
+        crashed = time.monotonic()
+
+        def settled() -> bool:
+            leading = [n for n, lead in joined.items() if lead.state is LeadershipState.LEADER]
+            return len(leading) == 1 and all(c._session.connected for c in coordinators.made)
+
+        zookeeper_ensemble.wait_settled(timeout=30)
+        wait_until(settled, timeout=30, what="one leader after the ZooKeeper leader crashed")
+        assert time.monotonic() - crashed < 30
+        time.sleep(1.0)
+        assert settled()
+    finally:
+        zookeeper_ensemble.start_member(zk_leader)
+        zookeeper_ensemble.wait_settled(timeout=30)
+    leadership_log.assert_one_leader()
+    leader_watcher.assert_epochs_increase()
+    leading = [n for n, lead in joined.items() if lead.state is LeadershipState.LEADER]
+    info = coordinators.made[0].leader_of(0)
+    assert info is not None and [info.node] == leading
