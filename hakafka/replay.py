@@ -1,0 +1,134 @@
+"""Offset bookkeeping for WAL replay, pending re-flush and WAL truncation (pure logic).
+
+A pipeline reads one topic; its WAL holds one record per consumed batch with the exact
+offset range per partition. Three questions are answered here, without touching Arrow data:
+
+- replay: which offsets of each record go back into the buffer after a restart, given the
+  checkpoint. Only offsets contiguous from the checkpoint are replayed: a gap in the WAL
+  (offsets this node never consumed) ends replay for that partition, and consumption
+  resumes from the gap.
+- coverage: does the WAL hold every offset of a pending block, so it can be re-flushed
+  from local data instead of being re-fetched from Kafka.
+- truncation: the first record still needed after a checkpoint; segments wholly before it
+  may be deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from buffer import OffsetRange
+from wal import Position
+
+# partition -> next offset to read; a pipeline reads one topic.
+Offsets = dict[int, int]
+PartitionRanges = Mapping[int, OffsetRange]
+
+
+def checkpoint_offsets(
+    checkpoint: Mapping[str, Mapping[str, int] | Mapping[int, int]], topic: str
+) -> Offsets:
+    """The `{partition: next_offset}` of `topic` in a ZooKeeper checkpoint document."""
+    return {int(p): int(o) for p, o in checkpoint.get(topic, {}).items()}
+
+
+def advance(offsets: Mapping[int, int], ranges: PartitionRanges) -> Offsets:
+    """`offsets` moved past every range (never backwards)."""
+    moved = dict(offsets)
+    for partition, rng in ranges.items():
+        moved[partition] = max(moved.get(partition, 0), rng.last + 1)
+    return moved
+
+
+@dataclass
+class ReplayCursor:
+    """Walks WAL records in order and says which offsets of each to replay.
+
+    Starts from the checkpoint. A partition without a checkpoint starts at the first offset
+    the WAL has for it (consumption of such a partition began at its earliest offset).
+    """
+
+    next_offsets: Offsets
+    closed: set[int] = field(default_factory=set)
+
+    def accept(self, ranges: PartitionRanges) -> dict[int, OffsetRange]:
+        """The sub-ranges of `ranges` to replay (possibly empty); advances the cursor."""
+        keep: dict[int, OffsetRange] = {}
+        for partition, rng in sorted(ranges.items()):
+            if partition in self.closed:
+                continue
+            start = self.next_offsets.setdefault(partition, rng.first)
+            if rng.last < start:
+                continue  # already flushed (below the checkpoint) or replayed
+            if rng.first > start:
+                self.closed.add(partition)  # a gap: Kafka has what the WAL lacks
+                continue
+            keep[partition] = OffsetRange(start, rng.last)
+            self.next_offsets[partition] = rng.last + 1
+        return keep
+
+
+def covers(records: Iterable[PartitionRanges], wanted: PartitionRanges) -> bool:
+    """True if the union of `records` contains every offset of every range in `wanted`."""
+    pieces: dict[int, list[OffsetRange]] = {}
+    for ranges in records:
+        for partition, rng in ranges.items():
+            if partition in wanted:
+                pieces.setdefault(partition, []).append(rng)
+    for partition, need in wanted.items():
+        reach = need.first  # everything before `reach` is covered
+        for rng in sorted(pieces.get(partition, [])):
+            if rng.first > reach:
+                break
+            reach = max(reach, rng.last + 1)
+            if reach > need.last:
+                break
+        if reach <= need.last:
+            return False
+    return True
+
+
+def select_rows(batch: pa.RecordBatch, keep: PartitionRanges) -> pa.RecordBatch:
+    """The rows of `batch` whose (`_partition`, `_offset`) fall in `keep`, in their order."""
+    if not keep or batch.num_rows == 0:
+        return batch.slice(0, 0)
+    partition = batch.column("_partition")
+    offset = batch.column("_offset")
+    mask = None
+    for p, rng in keep.items():
+        clause = pc.and_(
+            pc.equal(partition, p),
+            pc.and_(pc.greater_equal(offset, rng.first), pc.less_equal(offset, rng.last)),
+        )
+        mask = clause if mask is None else pc.or_(mask, clause)
+    return batch.filter(mask)
+
+
+@dataclass
+class WalIndex:
+    """Positions and offset ranges of the WAL records this pipeline may still need."""
+
+    entries: list[tuple[Position, PartitionRanges]] = field(default_factory=list)
+
+    def add(self, position: Position, ranges: PartitionRanges) -> None:
+        self.entries.append((position, ranges))
+
+    def truncation_point(self, committed: Mapping[int, int]) -> Position | None:
+        """A position such that every record before it is wholly below `committed`.
+
+        It is the first record that still has an offset at or past `committed` (or the last
+        record, when none has); entries before it are forgotten. None if nothing is indexed.
+        """
+        if not self.entries:
+            return None
+        cut = len(self.entries) - 1
+        for i, (_, ranges) in enumerate(self.entries):
+            if any(rng.last >= committed.get(p, 0) for p, rng in ranges.items()):
+                cut = i
+                break
+        del self.entries[:cut]
+        return self.entries[0][0]
