@@ -387,15 +387,19 @@ class JsonDecoder(_ArrowDecoder):
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
         super().__init__(schema, options)
-        self._read = pjson.ReadOptions(use_threads=self.options.use_threads, block_size=_BLOCK_SIZE)
-        self._options = pjson.ParseOptions(
+        self.read_options = pjson.ReadOptions(
+            use_threads=self.options.use_threads, block_size=_BLOCK_SIZE
+        )
+        self.parse_options = pjson.ParseOptions(
             explicit_schema=self._text, unexpected_field_behavior="ignore"
         )
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         del values
         return pjson.read_json(
-            pa.BufferReader(joined), read_options=self._read, parse_options=self._options
+            pa.BufferReader(joined),
+            read_options=self.read_options,
+            parse_options=self.parse_options,
         )
 
     def _normalize(self, values: list[bytes], joined: bytes) -> tuple[list[bytes], bytes]:
