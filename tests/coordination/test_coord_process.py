@@ -35,6 +35,21 @@ def became_after(proc: Any, since: float) -> float | None:
     return min(times) if times else None
 
 
+def successor(alive: list[Any], since: float) -> tuple[Any, float]:
+    """The one process that became leader after `since`, and when (waits for it)."""
+    found: list[Any] = []
+
+    def elected() -> bool:
+        found[:] = [p for p in alive if became_after(p, since) is not None]
+        return bool(found)
+
+    wait_until(elected, timeout=SESSION_TIMEOUT_S + 5, what="a new leader", interval=0.01)
+    assert len(found) == 1, f"several new leaders: {[p.node for p in found]}"
+    became = became_after(found[0], since)
+    assert became is not None
+    return found[0], became
+
+
 @pytest.mark.integration
 def test_kill_9_of_the_leader_elects_a_new_one_within_session_timeout(
     candidates: Any, leader_watcher: Any, leadership_log: Any
@@ -49,17 +64,9 @@ def test_kill_9_of_the_leader_elects_a_new_one_within_session_timeout(
         killed = time.time()
         killed_at[leader.node] = killed
         alive.remove(leader)
-        successor: list[Any] = []
-
-        def elected(killed: float = killed) -> bool:
-            successor[:] = [p for p in alive if became_after(p, killed) is not None]
-            return bool(successor)
-
-        wait_until(elected, timeout=SESSION_TIMEOUT_S + 5, what="a new leader", interval=0.01)
-        assert len(successor) == 1
-        took = became_after(successor[0], killed) - killed  # type: ignore[operator]
+        leader, became = successor(alive, killed)
+        took = became - killed
         assert took < SESSION_TIMEOUT_S + 1.0, f"new leader after {took:.2f} s"
-        leader = successor[0]
     assert leader.node == "n3"
     for proc in procs:
         proc.feed(leadership_log)
