@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -100,7 +101,7 @@ class _ChunkError(ValueError):
     """A chunk of messages does not parse into exactly one row per message."""
 
 
-class _ArrowDecoder:
+class _ArrowDecoder(ABC):
     """Shared engine: pre-checks, one-shot parse, bisection, required fields, assembly."""
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
@@ -123,9 +124,9 @@ class _ArrowDecoder:
 
     # -- format specific -------------------------------------------------------------
 
+    @abstractmethod
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         """Parse newline-joined `values` into a table of `self._text` (any row count)."""
-        raise NotImplementedError
 
     def _normalize(self, values: list[bytes], joined: bytes) -> tuple[list[bytes], bytes]:
         """Hook for formats that must rewrite values before parsing (never in place)."""
