@@ -146,7 +146,8 @@ class SqlEngine:
                     )
                 batches.append(batch)
             return pa.Table.from_batches(batches, schema=reader.schema)
-        except duckdb.Error as exc:
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            # Errors met while streaming the result surface as Arrow/OS errors, not duckdb's.
             if timed_out.is_set():
                 raise QueryTimeoutError(
                     f"query interrupted after the {self.limits.timeout_s} s timeout"

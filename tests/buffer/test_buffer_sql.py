@@ -135,6 +135,18 @@ def test_timeout_interrupts_the_query(engine: SqlEngine) -> None:
     assert engine.query("SELECT count(*) AS n FROM events").to_pylist() == [{"n": 1500}]
 
 
+def test_timeout_interrupts_a_streaming_result(schema: pa.Schema) -> None:
+    engine = SqlEngine(Catalog(), QueryLimits(timeout_s=0.5, max_rows=10**9))
+    try:
+        with pytest.raises(QueryTimeoutError, match=r"interrupted after the 0.5 s timeout"):
+            engine.query(
+                "SELECT a.range FROM range(100000) a, range(100000) b "
+                "WHERE (a.range + b.range) % 256 = 0"
+            )
+    finally:
+        engine.close()
+
+
 def test_row_limit_is_an_explicit_error(engine: SqlEngine) -> None:
     assert engine.query("SELECT * FROM events LIMIT 1200").num_rows == 1200
     with pytest.raises(RowLimitError, match="result has more than 1200 rows"):
