@@ -89,7 +89,7 @@ class Coordinator:
         elif state == KazooState.LOST:
             for leadership in list(self._shards.values()):
                 leadership.session_lost()
-        elif self._started or state == KazooState.CONNECTED:
+        else:
             self._worker.submit(self._after_connect)
 
     def _after_connect(self) -> None:
@@ -191,9 +191,8 @@ class Coordinator:
             self._session, self._registry, shard, to=to, by=by, timeout_s=timeout_s
         )
 
-    def _call(self, fn: object) -> None:
+    def _call(self, fn: Callable[[], object]) -> None:
         """Run `fn` on the worker (so it never races the election logic) and wait for it."""
-        assert callable(fn)
         if self._worker.on_thread():
             fn()
             return
