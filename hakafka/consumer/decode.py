@@ -152,7 +152,9 @@ class _ArrowDecoder(ABC):
             if good_spans
             else np.empty(0, dtype=np.int64)
         )
-        good_idx = np.asarray(idx, dtype=np.int64)[good_pos]
+        good_idx = (np.arange(len(columns)) if len(idx) == len(columns) else np.asarray(idx))[
+            good_pos
+        ]
         parsed, good_idx = self._check_required(parsed, good_idx, bad)
         rows = self._with_meta(parsed, good_idx, columns)
         return self._outcome(rows, columns, bad)
@@ -182,6 +184,8 @@ class _ArrowDecoder(ABC):
 
     @staticmethod
     def _has_invalid_utf8(joined: bytes) -> bool:
+        if joined.isascii():  # no allocation, the common case
+            return False
         try:
             joined.decode("utf-8")
         except UnicodeDecodeError:
