@@ -15,16 +15,14 @@ Run: .venv/bin/python bench/failover_bench.py
 from __future__ import annotations
 
 import functools
-import json
+import importlib.util
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 from kazoo.client import KazooClient
@@ -144,76 +142,49 @@ class InProcessCluster:
             coordinator.close()
 
 
-class CandidateProcess:
-    """coord_candidate.py as a child; its became_leader times."""
-
-    def __init__(self, hosts: str, root: str, node: str) -> None:
-        self.node = node
-        self.became: list[float] = []
-        self.ready = threading.Event()
-        self.popen = subprocess.Popen(
-            [
-                sys.executable,
-                str(CANDIDATE),
-                "--hosts",
-                hosts,
-                "--root",
-                root,
-                "--node",
-                node,
-                "--session-timeout",
-                str(SESSION_TIMEOUT_S),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self.ready.wait(30):
-            raise RuntimeError(f"candidate {node} did not start")
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            if line.startswith("{"):
-                event = json.loads(line)
-                if event["event"] == "ready":
-                    self.ready.set()
-                elif event["event"] == "became_leader":
-                    self.became.append(event["at"])
-
-    def leading(self) -> bool:
-        return bool(self.became) and self.popen.poll() is None
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
+def candidate_process_class() -> Any:
+    """`CandidateProcess` from the tests' candidate program (the same one the tests run)."""
+    spec = importlib.util.spec_from_file_location("coord_candidate", CANDIDATE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CandidateProcess
 
 
 def kill9_rounds(hosts: str, root: str) -> list[float]:
-    procs = [CandidateProcess(hosts, root, node) for node in NODES]
+    process_class = candidate_process_class()
+
+    def spawn(node: str) -> Any:
+        proc = process_class(hosts, root, node, 0, SESSION_TIMEOUT_S)
+        proc.wait_event("ready", 30)
+        return proc
+
+    procs = [spawn(node) for node in NODES]
     samples = []
     try:
-        wait_until(lambda: any(p.leading() for p in procs), timeout=10, what="a first leader")
         for i in range(ROUNDS):
-            leader = next(p for p in procs if p.leading())
-            leader.kill()
+            leading: list[Any] = []
+
+            def elected(since: float = 0.0, leading: list[Any] = leading) -> bool:
+                leading[:] = [p for p in procs if p.became_after(since) is not None]
+                return bool(leading)
+
+            wait_until(elected, timeout=10, what="a leader")
+            leader = leading[0]
+            leader.stop()  # SIGKILL by PID
             killed = time.time()
             procs.remove(leader)
-            found: list[float] = []
-
-            def elected(since: float = killed, found: list[float] = found) -> bool:
-                found[:] = [at for p in procs for at in p.became if at >= since]
-                return bool(found)
-
-            wait_until(elected, timeout=SESSION_TIMEOUT_S + 10, what="a new leader", interval=0.005)
-            samples.append(found[0] - killed)
-            procs.append(CandidateProcess(hosts, root, f"r{i}"))
+            wait_until(
+                functools.partial(elected, killed),
+                timeout=SESSION_TIMEOUT_S + 10,
+                what="a new leader",
+                interval=0.005,
+            )
+            samples.append(min(p.became_after(killed) for p in leading) - killed)
+            procs.append(spawn(f"r{i}"))
     finally:
         for proc in procs:
-            proc.kill()
+            proc.stop()
     return samples
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import structlog
 from kazoo.exceptions import NodeExistsError
@@ -13,6 +14,7 @@ from hakafka.coordination.records import NodeInfo, ReplacingInfo
 from hakafka.coordination.session import Watch, ZkSession
 
 log = structlog.get_logger("hakafka.coordination")
+R = TypeVar("R")
 
 
 class Registry:
@@ -46,12 +48,7 @@ class Registry:
 
     def nodes(self) -> dict[str, NodeInfo]:
         """Every registered (running) node and its endpoints."""
-        found: dict[str, NodeInfo] = {}
-        for name in self._session.children(paths.NODES):
-            got = self._session.get(paths.node(name))
-            if got is not None:
-                found[name] = NodeInfo.decode(paths.node(name), got[0])
-        return found
+        return self._read_all(paths.NODES, NodeInfo.decode)
 
     def mark_replacing(self, node_id: str, reason: str, by: str) -> ReplacingInfo:
         """Flag `node_id` as under replacement (replaces an earlier flag's reason)."""
@@ -73,11 +70,16 @@ class Registry:
 
     def replacing(self) -> dict[str, ReplacingInfo]:
         """Every node under replacement, with why and since when."""
-        found: dict[str, ReplacingInfo] = {}
-        for name in self._session.children(paths.REPLACING):
-            got = self._session.get(paths.replacing(name))
+        return self._read_all(paths.REPLACING, ReplacingInfo.decode)
+
+    def _read_all(self, parent: str, decode: Callable[[str, bytes], R]) -> dict[str, R]:
+        """Every child of `parent` decoded (children deleted meanwhile are left out)."""
+        found: dict[str, R] = {}
+        for name in self._session.children(parent):
+            path = f"{parent}/{name}"
+            got = self._session.get(path)
             if got is not None:
-                found[name] = ReplacingInfo.decode(paths.replacing(name), got[0])
+                found[name] = decode(path, got[0])
         return found
 
     def replacing_names(self, watch: Watch | None = None) -> set[str]:

@@ -3,17 +3,15 @@ ensemble, candidate processes, and the leadership log that checks "one leader at
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import queue
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,7 +28,6 @@ from hakafka.coordination import (
     Suspended,
     ZkConfig,
 )
-from hakafka.devstack.process import pid_alive
 from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 CANDIDATE = Path(__file__).with_name("coord_candidate.py")
@@ -58,6 +55,14 @@ class LeadershipLog:
 
         return on_change
 
+    def feed(self, node: str, events: list[dict[str, Any]]) -> None:
+        """Record a candidate process's reported leadership changes (its JSON events)."""
+        for event in events:
+            if event["event"] in ("became_leader", "resumed"):
+                self.record(node, "start", event["at"])
+            elif event["event"] in ("lost", "suspended"):
+                self.record(node, "end", event["at"])
+
     def intervals(self, until: float | None = None) -> list[tuple[float, float, str]]:
         end_of_time = time.time() if until is None else until
         opened: dict[str, float] = {}
@@ -83,6 +88,14 @@ class LeadershipLog:
             )
             if end > latest_end:
                 latest_end, latest = end, node
+
+
+def _candidate_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("coord_candidate", CANDIDATE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class LeaderWatcher:
@@ -174,97 +187,14 @@ def coordinators(
         factory.close()
 
 
-class CandidateProcess:
-    """coord_candidate.py as a child process: its JSON events, commands and signals."""
-
-    def __init__(self, hosts: str, root: str, node: str, shard: int = 0) -> None:
-        self.node = node
-        self.popen = subprocess.Popen(
-            [
-                sys.executable,
-                str(CANDIDATE),
-                "--hosts",
-                hosts,
-                "--root",
-                root,
-                "--node",
-                node,
-                "--shard",
-                str(shard),
-                "--session-timeout",
-                str(SESSION_TIMEOUT_S),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        )
-        self.events: list[dict[str, Any]] = []
-        self._new: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            if not line.startswith("{"):
-                continue  # not an event (stray output)
-            event = json.loads(line)
-            self.events.append(event)
-            self._new.put(event)
-
-    def wait_event(self, kind: str, timeout: float) -> dict[str, Any]:
-        """The next event of `kind` not yet waited for (earlier ones are skipped)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                pytest.fail(f"{self.node}: no {kind!r} event within {timeout} s: {self.events}")
-            try:
-                event = self._new.get(timeout=left)
-            except queue.Empty:
-                continue
-            if event["event"] == kind:
-                return event
-
-    def send(self, command: str) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(command + "\n")
-        self.popen.stdin.flush()
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.pid, sig)
-
-    def feed(self, log: LeadershipLog) -> None:
-        """Copy this process's reported leadership changes into `log`."""
-        for event in self.events:
-            if event["event"] in ("became_leader", "resumed"):
-                log.record(self.node, "start", event["at"])
-            elif event["event"] in ("lost", "suspended"):
-                log.record(self.node, "end", event["at"])
-
-    def stop(self) -> None:
-        """Stop by PID: SIGCONT (in case it is frozen), then SIGKILL; reap it."""
-        if self.popen.poll() is None and pid_alive(self.pid):
-            os.kill(self.pid, signal.SIGCONT)
-            os.kill(self.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-
 @pytest.fixture
-def candidates(
-    zookeeper_ensemble: ZooKeeperEnsemble, zk_root: str
-) -> Iterator[Callable[..., CandidateProcess]]:
-    started: list[CandidateProcess] = []
+def candidates(zookeeper_ensemble: ZooKeeperEnsemble, zk_root: str) -> Iterator[Callable[..., Any]]:
+    """start(node, shard=0): a started coord_candidate.py process (CandidateProcess)."""
+    started: list[Any] = []
+    process_class = _candidate_module().CandidateProcess
 
-    def start(node: str, shard: int = 0) -> CandidateProcess:
-        proc = CandidateProcess(zookeeper_ensemble.hosts, zk_root, node, shard)
+    def start(node: str, shard: int = 0) -> Any:
+        proc = process_class(zookeeper_ensemble.hosts, zk_root, node, shard, SESSION_TIMEOUT_S)
         started.append(proc)
         proc.wait_event("ready", 20)
         return proc

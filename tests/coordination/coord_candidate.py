@@ -1,5 +1,7 @@
 """Helper process for the process-level coordination tests: one node standing in one shard.
 
+Also home of `CandidateProcess`, which runs this program as a child.
+
 Usage: python coord_candidate.py --hosts H --root R --node N --shard S [--session-timeout T]
 Prints one JSON object per line: {"event": "ready"|"became_leader"|"lost"|"suspended"|
 "resumed"|"failover_requested"|"commit"|"resigned", "at": unix_time, ...}. Reads commands on
@@ -12,6 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -116,6 +121,77 @@ class Candidate:
                 break
         self.coordinator.close()
         self.emit("closed")
+
+
+class CandidateProcess:
+    """This program as a child process (for tests and the bench): its JSON events, commands
+    and signals. Stopped by its PID only."""
+
+    def __init__(
+        self, hosts: str, root: str, node: str, shard: int = 0, session_timeout: float = 2.0
+    ) -> None:
+        self.node = node
+        argv = [sys.executable, __file__, "--hosts", hosts, "--root", root, "--node", node]
+        argv += ["--shard", str(shard), "--session-timeout", str(session_timeout)]
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._new: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            if line.startswith("{"):  # anything else is stray output, not an event
+                event = json.loads(line)
+                self.events.append(event)
+                self._new.put(event)
+
+    def wait_event(self, kind: str, timeout: float) -> dict[str, Any]:
+        """The next event of `kind` not yet waited for (earlier ones are skipped);
+        TimeoutError listing every event after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.node}: no {kind!r} event in {timeout} s: {self.events}")
+            try:
+                event = self._new.get(timeout=left)
+            except queue.Empty:
+                continue
+            if event["event"] == kind:
+                return event
+
+    def became_after(self, since: float) -> float | None:
+        """When it first became leader after `since` (Unix time), or None."""
+        times = [e["at"] for e in self.events if e["event"] == "became_leader" and e["at"] > since]
+        return min(times) if times else None
+
+    def send(self, command: str) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(command + "\n")
+        self.popen.stdin.flush()
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        """SIGCONT (in case it is frozen), then SIGKILL, by PID; reap it."""
+        if self.popen.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
 
 
 def main() -> None:

@@ -30,22 +30,17 @@ def started_leader(procs: list[Any]) -> Any:
     return found[0]
 
 
-def became_after(proc: Any, since: float) -> float | None:
-    times = [e["at"] for e in proc.events if e["event"] == "became_leader" and e["at"] > since]
-    return min(times) if times else None
-
-
 def successor(alive: list[Any], since: float) -> tuple[Any, float]:
     """The one process that became leader after `since`, and when (waits for it)."""
     found: list[Any] = []
 
     def elected() -> bool:
-        found[:] = [p for p in alive if became_after(p, since) is not None]
+        found[:] = [p for p in alive if p.became_after(since) is not None]
         return bool(found)
 
     wait_until(elected, timeout=SESSION_TIMEOUT_S + 5, what="a new leader", interval=0.01)
     assert len(found) == 1, f"several new leaders: {[p.node for p in found]}"
-    became = became_after(found[0], since)
+    became = found[0].became_after(since)
     assert became is not None
     return found[0], became
 
@@ -69,7 +64,7 @@ def test_kill_9_of_the_leader_elects_a_new_one_within_session_timeout(
         assert took < SESSION_TIMEOUT_S + 1.0, f"new leader after {took:.2f} s"
     assert leader.node == "n3"
     for proc in procs:
-        proc.feed(leadership_log)
+        leadership_log.feed(proc.node, proc.events)
         if proc.node in killed_at:  # a killed leader led until the kill at the latest
             leadership_log.record(proc.node, "end", killed_at[proc.node])
     leadership_log.assert_one_leader()
