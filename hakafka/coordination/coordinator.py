@@ -4,6 +4,10 @@ It owns the session, the node registration (re-created after a new session), one
 `Leadership` per joined shard, and fans connection state changes out to them: SUSPENDED
 stops every leader's side effects at once, LOST drops leadership, CONNECTED resumes or
 re-enters the elections.
+
+Bound on SUSPENDED: kazoo declares the connection lost after 2/3 of the negotiated session
+timeout without an answer, so a leader cut off from ZooKeeper stops side effects before the
+ensemble can expire its session and elect a successor.
 """
 
 from __future__ import annotations

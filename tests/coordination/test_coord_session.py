@@ -3,13 +3,24 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from hakafka.coordination import LostLeadership, ZkConfig
+from hakafka.coordination import (
+    Coordinator,
+    FencedError,
+    LostLeadership,
+    NodeInfo,
+    Resumed,
+    Suspended,
+    ZkConfig,
+)
 from hakafka.devstack.process import wait_until
 
 
@@ -109,3 +120,39 @@ def test_config_errors_name_the_key() -> None:
         ZkConfig(hosts="127.0.0.1:2181/hakafka")
     with pytest.raises(ValueError, match=r"zookeeper.session_timeout_s must be positive"):
         ZkConfig(hosts="127.0.0.1:2181", session_timeout_s=0)
+
+
+@pytest.mark.integration
+def test_unreachable_zookeeper_suspends_the_leader_within_the_session_timeout(
+    zookeeper: Any, zk_root: str
+) -> None:
+    config = ZkConfig(hosts=zookeeper.hosts, root=zk_root, session_timeout_s=3.0)
+    coordinator = Coordinator(config, "n1", NodeInfo("127.0.0.1", "", "", 1, "t"))
+    coordinator.start()
+    events: list[Any] = []
+    server = zookeeper.members[0].pid
+    try:
+        leadership = coordinator.join(0, on_change=events.append)
+        assert leadership.wait_leader(10)
+        os.kill(server, signal.SIGSTOP)  # the server stops answering: the connection goes quiet
+        frozen = time.time()
+        try:
+            wait_until(
+                lambda: any(isinstance(e, Suspended) for e in events), timeout=6, what="Suspended"
+            )
+            suspended = next(e for e in events if isinstance(e, Suspended))
+            assert suspended.at - frozen < config.session_timeout_s
+            with pytest.raises(FencedError, match="state suspended"):
+                leadership.fenced()
+        finally:
+            os.kill(server, signal.SIGCONT)
+        # The same session comes back (Resumed) or a new one re-elects this only candidate.
+        assert leadership.wait_leader(15)
+        wait_until(
+            lambda: any(isinstance(e, Resumed) for e in events) or leadership.epoch == 2,
+            timeout=5,
+            what="Resumed (same session) or a new epoch (new session)",
+        )
+        leadership.fenced().commit_checkpoint("p", {"t": {0: 1}})
+    finally:
+        coordinator.close()
