@@ -4,14 +4,34 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+import pyarrow as pa
 
 from buffer.auth import bearer_ok
 from buffer.formats import Format, choose_format, encode
 from buffer.sql import QueryError, SqlEngine
 
 MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Route:
+    """An extra GET endpoint: `handler()` returns (status, content type, body).
+
+    `public` routes (e.g. a health check) answer without the bearer token.
+    """
+
+    handler: Callable[[], tuple[int, str, bytes]]
+    public: bool = False
+
+
+Forward = Callable[[str, Mapping[str, str]], pa.Table | None]
+"""Given the SQL and the request parameters, run the query elsewhere and return its result,
+or return None to answer it here (e.g. a follower forwarding to the shard's leader)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -34,11 +54,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, body: bytes | None) -> None:
         url = urlsplit(self.path)
-        if url.path != "/query":
-            self._error(404, "not_found", f"no endpoint {url.path}; use /query")
+        route = self.server.routes.get(url.path)
+        if url.path != "/query" and route is None:
+            known = ", ".join(sorted(["/query", *self.server.routes]))
+            self._error(404, "not_found", f"no endpoint {url.path}; use one of {known}")
             return
-        if not bearer_ok(self.server.token, self.headers.get("Authorization")):
+        public = route is not None and route.public
+        if not public and not bearer_ok(self.server.token, self.headers.get("Authorization")):
             self._error(401, "unauthenticated", "missing or wrong bearer token")
+            return
+        if route is not None:
+            status, content_type, payload = route.handler()
+            self._send_raw(status, content_type, payload)
             return
         params = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if body:
@@ -60,9 +87,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "bad_request", str(exc))
             return
         try:
-            table = self.server.engine.query(params["sql"])
+            forwarded = self.server.forward(params["sql"], params) if self.server.forward else None
+            table = forwarded if forwarded is not None else self.server.engine.query(params["sql"])
         except QueryError as exc:
             self._error(exc.http_status, exc.kind, str(exc))
+            return
+        except Exception as exc:  # a forward that failed (the leader is unreachable)
+            self._error(502, "forward_failed", f"{type(exc).__name__}: {exc}")
             return
         self._send(200, fmt, encode(table, fmt))
 
@@ -71,8 +102,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, Format.JSON, body)
 
     def _send(self, status: int, fmt: Format, body: bytes) -> None:
+        self._send_raw(status, fmt.value, body)
+
+    def _send_raw(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", fmt.value)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if status == 401:
             self.send_header("WWW-Authenticate", "Bearer")
@@ -83,10 +117,19 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], engine: SqlEngine, token: str | None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        engine: SqlEngine,
+        token: str | None,
+        routes: Mapping[str, Route],
+        forward: Forward | None,
+    ) -> None:
         super().__init__(address, _Handler)
         self.engine = engine
         self.token = token
+        self.routes = dict(routes)
+        self.forward = forward
 
 
 class HttpQueryServer:
@@ -97,12 +140,22 @@ class HttpQueryServer:
     decides, default JSON. Status: 200, 400 bad SQL (DuckDB's message) or row limit,
     401 missing/wrong bearer token, 403 refused by the sandbox, 408 timeout; errors are
     JSON ``{"error": kind, "message": text}``.
+
+    ``routes`` adds GET endpoints (a daemon's /health, /metrics...); ``forward`` may answer a
+    query elsewhere (502 if that fails).
     """
 
     def __init__(
-        self, engine: SqlEngine, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+        self,
+        engine: SqlEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        *,
+        routes: Mapping[str, Route] | None = None,
+        forward: Forward | None = None,
     ) -> None:
-        self._server = _Server((host, port), engine, token)
+        self._server = _Server((host, port), engine, token, routes or {}, forward)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="buffer-http", daemon=True
         )

@@ -7,6 +7,7 @@ import io
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from buffer import MemoryTable
+from buffer import MemoryTable, SqlEngine
 from buffer.client import QueryFailedError, query
 from buffer.flight import FlightQueryServer
 from buffer.http import HttpQueryServer
@@ -211,3 +212,49 @@ def test_http_bad_requests(http_server: HttpQueryServer) -> None:
 def test_client_refuses_unknown_scheme() -> None:
     with pytest.raises(ValueError, match="unsupported URL scheme 'ftp'"):
         query("ftp://127.0.0.1:1", "SELECT 1")
+
+
+def test_http_extra_routes_and_public_paths(engine: SqlEngine) -> None:
+    from buffer.http import Route
+
+    routes = {
+        "/health": Route(lambda: (200, "text/plain", b"ok\n"), public=True),
+        "/status": Route(lambda: (200, "application/json", b'{"role": "leader"}')),
+    }
+    server = HttpQueryServer(engine, token=TOKEN, routes=routes)
+    server.start()
+    try:
+        assert http_get(f"{server.url}/health", token=None) == (200, "text/plain", b"ok\n")
+        assert http_get(f"{server.url}/status", token=None)[0] == 401
+        assert http_get(f"{server.url}/status") == (200, "application/json", b'{"role": "leader"}')
+        status, _, body = http_get(f"{server.url}/nope")
+        assert status == 404
+        assert b"/health, /query, /status" in body
+    finally:
+        server.close()
+
+
+def test_http_forward_answers_elsewhere(engine: SqlEngine) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def forward(sql: str, params: Mapping[str, str]) -> pa.Table | None:
+        seen.append((sql, params.get("shard")))
+        if params.get("shard") == "1":
+            return pa.table({"answered_by": ["leader-of-1"]})
+        if params.get("shard") == "2":
+            raise ConnectionError("leader of shard 2 unreachable")
+        return None
+
+    server = HttpQueryServer(engine, forward=forward)
+    server.start()
+    try:
+        sql = quote("SELECT count(*) AS n FROM events")
+        status, _, body = http_get(f"{server.url}/query?sql={sql}&shard=1", token=None)
+        assert status == 200 and json.loads(body)["rows"] == [{"answered_by": "leader-of-1"}]
+        status, _, body = http_get(f"{server.url}/query?sql={sql}", token=None)
+        assert status == 200 and json.loads(body)["rows"] == [{"n": 1500}]
+        status, _, body = http_get(f"{server.url}/query?sql={sql}&shard=2", token=None)
+        assert status == 502 and b"leader of shard 2 unreachable" in body
+        assert [s for _, s in seen] == ["1", None, "2"]
+    finally:
+        server.close()
