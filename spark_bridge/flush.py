@@ -40,7 +40,7 @@ log = structlog.get_logger("spark_bridge.flush")
 
 PARTITION_COLUMN = "_partition"
 OFFSET_COLUMN = "_offset"
-DEFAULT_ROWS_PER_TASK = 250_000
+DEFAULT_ROWS_PER_TASK = 500_000
 _REPORT_SCHEMA = "task INT, rows BIGINT"
 
 

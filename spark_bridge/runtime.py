@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -95,6 +96,10 @@ class SparkRuntime:
                 builder = builder.remote(self.settings.remote)
             else:
                 builder = builder.master(self.settings.master)
+                # PySpark picks the executors' Python from the environment, not from conf.
+                os.environ.setdefault(
+                    "PYSPARK_PYTHON", self.settings.spark_conf()["spark.pyspark.python"]
+                )
             for key, value in self.settings.spark_conf().items():
                 builder = builder.config(key, value)
             session: SparkSession = builder.getOrCreate()

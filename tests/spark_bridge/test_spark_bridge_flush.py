@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
 from hakafka.devstack.clickhouse import ClickHouseService
 from spark_bridge import (
@@ -149,7 +149,7 @@ def transforms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         sys.modules.pop(name, None)
 
 
-def test_attempt_killed_half_way_then_reflushed_leaves_one_copy(
+def test_attempt_killed_half_way_then_reflushed_leaves_one_copy(  # noqa: PLR0917
     bridge: SparkSession,
     clickhouse: ClickHouseService,
     ch_database: str,
@@ -295,7 +295,7 @@ def test_read_table_rows_filters_and_partitions(
     expected = sorted((i, f"n{i % 13}", i % 4, i // 4) for i in range(40_000))
     assert rows == expected
 
-    filtered = df.filter((F.col("v") >= 1_000) & (F.col("name").startswith("n1")))
+    filtered = df.filter((sf.col("v") >= 1_000) & (sf.col("name").startswith("n1")))
     plan = filtered._jdf.queryExecution().executedPlan().toString()
     operators = [line.lstrip(" +-*()0123456789") for line in plan.splitlines()]
     assert not [op for op in operators if op.startswith("Filter")], plan  # all pushed down
