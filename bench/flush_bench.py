@@ -117,7 +117,8 @@ def main() -> None:
         client.insert_arrow("tiny", tiny, database="bench")
         floor = time.perf_counter() - started
         print(
-            f"fixed overhead per flush (1-row block): median {statistics.median(overhead) * 1000:.0f}"
+            "fixed overhead per flush (1-row block): median"
+            f" {statistics.median(overhead) * 1000:.0f}"
             f" ms, min {min(overhead) * 1000:.0f} ms (direct 1-row insert {floor * 1000:.0f} ms)"
         )
         print(f"best of {REPEATS} runs; ratio = spark throughput / direct insert_arrow throughput")

@@ -201,7 +201,11 @@ def test_transforms_callable_and_sql(
         ),
     )
     block = make_block(10_000)
-    base = {"replicas": (replica(clickhouse),), "token_prefix": "pipe", "rows_per_task": 3_000}
+    base: dict[str, Any] = {
+        "replicas": (replica(clickhouse),),
+        "token_prefix": "pipe",
+        "rows_per_task": 3_000,
+    }
     done = flush(
         bridge,
         block,
