@@ -364,6 +364,15 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseSettings:
             replicas_reader.problem(
                 str(shard), f"no ClickHouse replicas for shard {shard} that this node serves"
             )
+    engine = r.choice("engine", ENGINES, "MergeTree")
+    if engine == "MergeTree":
+        for shard, nodes in sorted(replicas.items()):
+            if len(set(nodes.values())) > 1:
+                replicas_reader.problem(
+                    str(shard),
+                    "MergeTree keeps its deduplication log per server, so a shard with several "
+                    'ClickHouse servers needs engine = "ReplicatedMergeTree" (or one endpoint)',
+                )
     c = ClickHouseSettings(
         replicas=replicas,
         database=r.get("database", str, "default", check=_name_problem),
@@ -371,7 +380,7 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseSettings:
         password=r.secret("password", ENV_CLICKHOUSE_PASSWORD),
         secure=r.get("secure", bool, False),
         verify=r.get("verify", bool, True),
-        engine=r.choice("engine", ENGINES, "MergeTree"),
+        engine=engine,
         dedup_window=r.positive("dedup_window", int, 10_000),
         insert_timeout=r.positive("insert_timeout", float, 60.0),
     )

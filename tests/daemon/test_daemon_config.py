@@ -29,6 +29,7 @@ bootstrap = "127.0.0.1:9092"
 [clickhouse]
 database = "ingest"
 password = "ch-secret"
+engine = "ReplicatedMergeTree"
 [clickhouse.replicas.0]
 node-1 = "127.0.0.1:8123"
 node-2 = "http://127.0.0.1:8124"
@@ -186,3 +187,15 @@ def test_shipped_example_config_is_valid() -> None:
         "amount",
         "at",
     ]
+
+
+def test_merge_tree_needs_one_server_per_shard(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, GOOD.replace('engine = "ReplicatedMergeTree"\n', ""))
+    assert any(
+        p.startswith("clickhouse.replicas.0: MergeTree keeps its deduplication log")
+        for p in problems
+    )
+    same = GOOD.replace('engine = "ReplicatedMergeTree"\n', "").replace(
+        "http://127.0.0.1:8124", "127.0.0.1:8123"
+    )
+    assert load_config(write(tmp_path, same)).clickhouse.engine == "MergeTree"
