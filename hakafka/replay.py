@@ -36,14 +36,6 @@ def checkpoint_offsets(
     return {int(p): int(o) for p, o in checkpoint.get(topic, {}).items()}
 
 
-def advance(offsets: Mapping[int, int], ranges: PartitionRanges) -> Offsets:
-    """`offsets` moved past every range (never backwards)."""
-    moved = dict(offsets)
-    for partition, rng in ranges.items():
-        moved[partition] = max(moved.get(partition, 0), rng.last + 1)
-    return moved
-
-
 @dataclass
 class ReplayCursor:
     """Walks WAL records in order and says which offsets of each to replay.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from buffer import OffsetRange as R
-from hakafka.replay import ReplayCursor, WalIndex, advance, checkpoint_offsets, covers, select_rows
+from hakafka.replay import ReplayCursor, WalIndex, checkpoint_offsets, covers, select_rows
 from wal import Position
 
 
@@ -70,5 +70,3 @@ def test_truncation_point_is_first_needed_record() -> None:
 def test_checkpoint_helpers() -> None:
     assert checkpoint_offsets({"t": {"0": 5, "3": 9}}, "t") == {0: 5, 3: 9}
     assert checkpoint_offsets({}, "t") == {}
-    assert advance({0: 5}, {0: R(5, 9), 2: R(0, 0)}) == {0: 10, 2: 1}
-    assert advance({0: 50}, {0: R(5, 9)}) == {0: 50}
