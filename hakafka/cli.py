@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from hakafka.config import DEFAULT_PATH, Config, ConfigError, load_config
 from hakafka.devstack.process import DevstackError
 
 EXIT_OK = 0
@@ -58,6 +59,49 @@ def _dev_status(args: argparse.Namespace) -> int:
     return EXIT_OK if healthy else EXIT_FAILURE
 
 
+def clickhouse_type_problem(ch_type: str) -> str | None:
+    """None if hakafka can decode into `ch_type`, else what is wrong with it."""
+    from hakafka.consumer import SchemaError, arrow_type
+
+    try:
+        arrow_type(ch_type)
+    except SchemaError as exc:
+        return str(exc)
+    return None
+
+
+def load(path: Path) -> Config:
+    """The validated config at `path` (ConfigError lists every problem)."""
+    return load_config(path, clickhouse_type_problem)
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    config = load(args.file)
+    print(
+        f"{args.file}: ok (node {config.node}, shards {list(config.shards)} of "
+        f"{config.shard_count}, pipelines {', '.join(p.name for p in config.pipelines)})"
+    )
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hakafka import logs
+
+    config = load(args.config)
+    sink = logs.configure(args.log_format, args.log_level, logs.LogSink(args.log_file))
+    from hakafka.daemon import Daemon
+
+    return Daemon(config, sink).run()
+
+
+def _init(args: argparse.Namespace) -> int:
+    from hakafka.init import initialize
+
+    for line in initialize(load(args.config)):
+        print(line)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -65,6 +109,36 @@ def build_parser() -> argparse.ArgumentParser:
         description="High-availability Kafka -> ClickHouse ingestion daemon.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the daemon (what the systemd unit starts)")
+    run.add_argument(
+        "--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})"
+    )
+    run.add_argument(
+        "--log-format", choices=("json", "console"), default="json", help="log line format"
+    )
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    run.add_argument(
+        "--log-file",
+        type=Path,
+        default=None,
+        help="log to this file (SIGHUP reopens it) instead of stdout",
+    )
+    run.set_defaults(handler=_run)
+
+    config = commands.add_parser("config", help="configuration tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = config_commands.add_parser(
+        "check", help="validate a config file; print every problem with its key"
+    )
+    check.add_argument("file", type=Path, nargs="?", default=DEFAULT_PATH)
+    check.set_defaults(handler=_config_check)
+
+    init = commands.add_parser(
+        "init", help="create the ZooKeeper paths and ClickHouse tables (idempotent)"
+    )
+    init.add_argument("--config", type=Path, default=DEFAULT_PATH)
+    init.set_defaults(handler=_init)
 
     dev = commands.add_parser(
         "dev", help="the local development stack (ZooKeeper, Kafka, ClickHouse)"
@@ -98,10 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `hakafka` command; return its exit code (0 ok, 1 failure, 2 usage)."""
+    from hakafka.daemon import StartupError
+
     args = build_parser().parse_args(argv)
     try:
         code: int = args.handler(args)
-    except DevstackError as exc:
+    except (DevstackError, ConfigError, StartupError) as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return code

@@ -104,6 +104,11 @@ class Coordinator:
         for leadership in list(self._shards.values()):
             leadership.session_connected()
 
+    @property
+    def connected(self) -> bool:
+        """True while the ZooKeeper session is connected."""
+        return self._started and self._session.connected
+
     # -- layout and registry ----------------------------------------------------------------
 
     def init_paths(self, shards: Iterable[int]) -> None:

@@ -1,0 +1,334 @@
+"""`hakafka run`: the daemon process of one node.
+
+Start-up: validate the config (done by the caller), open the query services (Flight, and
+the admin HTTP endpoint with /health /ready /status /metrics /query), connect to ZooKeeper,
+register the node, stand in the election of every shard it serves, tell systemd READY=1.
+Then the main loop pings the systemd watchdog while healthy and waits for signals.
+
+Shutdown (SIGTERM/SIGINT): stop consuming, let an in-flight flush finish within
+`FLUSH_GRACE_S`, release leadership, stop Spark; bounded by `SHUTDOWN_BOUND_S` (the unit's
+TimeoutStopSec is above it). A second signal exits at once. SIGHUP reopens the log file;
+SIGUSR1 dumps every thread's stack to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, cast
+
+import pyarrow as pa
+import structlog
+from pyspark.sql import SparkSession
+
+from buffer import Catalog, QueryLimits, SqlEngine
+from buffer.client import query as remote_query
+from buffer.flight import FlightQueryServer
+from buffer.http import HttpQueryServer, Route
+from hakafka import __version__
+from hakafka.config import Config, PipelineConfig
+from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
+from hakafka.consumer.decode import Format, OnError
+from hakafka.coordination import Coordinator, Leadership, NodeInfo, ZkConfig
+from hakafka.logs import LogSink
+from hakafka.metrics import Metrics
+from hakafka.pipeline import PipelineLeader
+from hakafka.sdnotify import Notifier
+from hakafka.shard import ShardRunner
+from hakafka.sink import PipelineSink, shard_replicas
+from hakafka.status import node_status
+from spark_bridge import SparkRuntime, SparkSettings
+
+log = structlog.get_logger("hakafka.daemon")
+
+FLUSH_GRACE_S = 20.0
+SHUTDOWN_BOUND_S = 40.0
+MAIN_LOOP_S = 1.0
+
+
+class StartupError(RuntimeError):
+    """The daemon cannot start; the text names the config key and what to do."""
+
+
+@contextlib.contextmanager
+def _listening(key: str, endpoint: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:  # OSError from http.server, ArrowException from Flight
+        raise StartupError(
+            f"{key}: cannot listen on {endpoint} ({exc}); is another hakafka running? "
+            "stop it or choose another port"
+        ) from None
+
+
+def pipeline_schema(pipeline: PipelineConfig) -> PipelineSchema:
+    return PipelineSchema.of(
+        [(c.name, c.clickhouse_type) for c in pipeline.columns], pipeline.meta_columns
+    )
+
+
+def zk_config(config: Config) -> ZkConfig:
+    z = config.zookeeper
+    return ZkConfig(
+        hosts=z.hosts,
+        root=z.root,
+        session_timeout_s=z.session_timeout,
+        connect_timeout_s=z.connect_timeout,
+        request_timeout_s=z.request_timeout,
+        auth=(z.auth_user, z.auth_password.value) if z.auth_user else None,
+    )
+
+
+def spark_settings(config: Config) -> SparkSettings:
+    s = config.spark
+    return SparkSettings(
+        master=s.master,
+        remote=s.remote or None,
+        app_name=f"hakafka-{config.node}",
+        driver_memory=s.driver_memory,
+        conf=dict(s.conf),
+    )
+
+
+@dataclass
+class _Pipelines:
+    """What every leadership term of a pipeline reuses: schema, decoder, sink."""
+
+    config: PipelineConfig
+    schema: PipelineSchema
+    sink: PipelineSink
+
+    def decoder(self) -> Decoder:
+        """A fresh decoder for a new leadership term."""
+        on_error = cast(OnError, self.config.on_error)  # validated by the config loader
+        options = DecodeOptions(on_error=on_error, max_message_bytes=self.config.max_message_bytes)
+        return make_decoder(cast(Format, self.config.format), self.schema, options)
+
+
+class Daemon:
+    """One node of a hakafka cluster."""
+
+    def __init__(self, config: Config, logs: LogSink | None = None) -> None:
+        self.config = config
+        self.logs = logs
+        self.metrics = Metrics.create()
+        self.catalog = Catalog()
+        self.engine = SqlEngine(self.catalog, QueryLimits())
+        self.spark = SparkRuntime(spark_settings(config))
+        self.notifier = Notifier.from_environment()
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._signals = 0
+        self._pipelines = [
+            _Pipelines(p, pipeline_schema(p), PipelineSink(config, p, pipeline_schema(p)))
+            for p in config.pipelines
+        ]
+        token = config.server.token.value or None
+        flight_ep, http_ep = config.server.flight, config.server.http
+        with _listening("server.flight", str(flight_ep)):
+            self.flight = FlightQueryServer(self.engine, flight_ep.host, flight_ep.port, token)
+        with _listening("server.http", str(http_ep)):
+            self.http = HttpQueryServer(
+                self.engine,
+                http_ep.host,
+                http_ep.port,
+                token,
+                routes={
+                    "/health": Route(lambda: (200, "text/plain", b"ok\n"), public=True),
+                    "/ready": Route(self._ready_route, public=True),
+                    "/status": Route(self._status_route),
+                    "/metrics": Route(self._metrics_route, public=True),
+                },
+                forward=self._forward,
+            )
+        host = socket.gethostname()
+        self.coordinator = Coordinator(
+            zk_config(config),
+            config.node,
+            NodeInfo(
+                host=host,
+                http=f"http://{config.server.http.host}:{self.http.port}",
+                flight=f"grpc://{config.server.flight.host}:{self.flight.port}",
+                pid=os.getpid(),
+                version=__version__,
+            ),
+        )
+        self.runners = [
+            ShardRunner(
+                shard, self.coordinator, self._pipelines_for(shard), self.metrics, FLUSH_GRACE_S
+            )
+            for shard in config.shards
+        ]
+
+    # -- composition -----------------------------------------------------------------------
+
+    def _spark_session(self) -> SparkSession:
+        return self.spark.start()
+
+    def _replicas_for(self, shard: int) -> Callable[[], Any]:
+        def replicas() -> Any:
+            return shard_replicas(
+                self.config, shard, lambda r: self.coordinator.writable_replicas(shard, r)
+            )
+
+        return replicas
+
+    def _pipelines_for(self, shard: int) -> Callable[[Leadership], list[PipelineLeader]]:
+        def make(leadership: Leadership) -> list[PipelineLeader]:
+            return [
+                PipelineLeader(
+                    config=self.config,
+                    pipeline=p.config,
+                    shard=shard,
+                    decoder=p.decoder(),
+                    sink=p.sink,
+                    leadership=leadership,
+                    spark=self._spark_session,
+                    replicas=self._replicas_for(shard),
+                    catalog=self.catalog,
+                    metrics=self.metrics,
+                )
+                for p in self._pipelines
+            ]
+
+        return make
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until a signal asks to stop; returns the process exit code."""
+        self._install_signals()
+        self.http.start()
+        threading.Thread(target=self.flight.serve, name="flight", daemon=True).start()
+        self.coordinator.start()
+        self.coordinator.register()
+        if self.config.spark.on_followers:
+            self.spark.start()
+        for runner in self.runners:
+            runner.start()
+        log.info(
+            "daemon.started",
+            node=self.config.node,
+            shards=list(self.config.shards),
+            http=f"http://{self.config.server.http.host}:{self.http.port}",
+            flight=f"grpc://{self.config.server.flight.host}:{self.flight.port}",
+        )
+        self.notifier.ready(self._status_line())
+        self._main_loop()
+        return self._shutdown()
+
+    def _main_loop(self) -> None:
+        interval = self.notifier.watchdog_interval
+        next_ping = 0.0
+        while not self._stop.wait(MAIN_LOOP_S if interval is None else min(MAIN_LOOP_S, interval)):
+            now = time.monotonic()
+            if interval is not None and now >= next_ping and self.healthy():
+                self.notifier.watchdog()
+                next_ping = now + interval
+            self.notifier.status(self._status_line())
+            self._update_lag_metrics()
+
+    def _shutdown(self) -> int:
+        began = time.monotonic()
+        self.notifier.stopping()
+        log.info("daemon.stopping")
+        for runner in self.runners:
+            runner.stop(FLUSH_GRACE_S)
+        self.coordinator.close()
+        self.http.close()
+        self.flight.shutdown()
+        self.engine.close()
+        self.spark.stop()
+        log.info("daemon.stopped", seconds=round(time.monotonic() - began, 3))
+        return 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _install_signals(self) -> None:
+        def on_stop(signum: int, _frame: FrameType | None) -> None:
+            self._signals += 1
+            if self._signals > 1:
+                log.warning("daemon.exit_now", signal=signal.Signals(signum).name)
+                os._exit(1)
+            log.info("daemon.signal", signal=signal.Signals(signum).name)
+            self._stop.set()
+
+        def on_hup(_signum: int, _frame: FrameType | None) -> None:
+            if self.logs is not None:
+                self.logs.reopen()
+            log.info("daemon.logs_reopened")
+
+        # SIGUSR1 dumps every thread's stack to stderr: how to see where a stuck daemon waits.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    # -- health and status -----------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        """Connected to ZooKeeper and no pipeline of a led shard has failed."""
+        return self.coordinator.connected and all(r.healthy() for r in self.runners)
+
+    def _status_line(self) -> str:
+        roles = ", ".join(
+            f"shard {r.shard}: {'leader' if r.leading else 'follower'}" for r in self.runners
+        )
+        lag = sum(sum(p.lag().values()) for r in self.runners for p in r.pipelines)
+        return f"{roles}; lag {lag}"
+
+    def _update_lag_metrics(self) -> None:
+        for runner in self.runners:
+            for p in runner.pipelines:
+                labels = {"pipeline": p.pipeline.name, "shard": str(runner.shard)}
+                positions = p.positions()
+                checkpoint = p.status.checkpoint
+                for partition, behind in p.lag().items():
+                    self.metrics.kafka_lag.labels(**labels, partition=str(partition)).set(behind)
+                for partition, position in positions.items():
+                    done = checkpoint.get(partition, position)
+                    self.metrics.checkpoint_lag.labels(**labels, partition=str(partition)).set(
+                        position - done
+                    )
+
+    def _ready_route(self) -> tuple[int, str, bytes]:
+        ready = self.healthy()
+        return (200, "text/plain", b"ready\n") if ready else (503, "text/plain", b"not ready\n")
+
+    def _status_route(self) -> tuple[int, str, bytes]:
+        import json
+
+        return 200, "application/json", json.dumps(node_status(self), default=str).encode()
+
+    def _metrics_route(self) -> tuple[int, str, bytes]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+
+    def _forward(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
+        """Queries for a shard this node does not lead go to that shard's leader."""
+        wanted = params.get("shard")
+        shard = int(wanted) if wanted is not None and wanted.isdigit() else None
+        mine = [r.shard for r in self.runners if r.leading]
+        if shard is None:
+            if mine or not self.runners:
+                return None
+            shard = self.runners[0].shard
+        if shard in mine:
+            return None
+        leader = self.coordinator.leader_of(shard)
+        if leader is None:
+            raise RuntimeError(f"shard {shard} has no leader right now")
+        node = self.coordinator.nodes().get(leader.node)
+        if node is None or leader.node == self.config.node:
+            raise RuntimeError(f"the leader of shard {shard} ({leader.node}) is not registered")
+        return remote_query(node.flight, sql, token=self.config.server.token.value or None)

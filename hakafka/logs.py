@@ -1,0 +1,73 @@
+"""Logging setup: structlog events as JSON lines (default) or human console lines.
+
+Logs go to stdout (the journal under systemd) or to a file that SIGHUP reopens, so
+logrotate can move it away.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+FORMATS = ("json", "console")
+
+
+class LogSink:
+    """Where log lines go; `reopen()` re-opens a file after rotation."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stream: IO[str] = self._open()
+
+    def _open(self) -> IO[str]:
+        if self.path is None:
+            return sys.stdout
+        return open(self.path, "a", encoding="utf-8", buffering=1)
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            self._stream.write(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._stream.flush()
+
+    def reopen(self) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            old, self._stream = self._stream, self._open()
+            old.close()
+
+
+def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = None) -> LogSink:
+    """Configure structlog (and the stdlib loggers under it) once per process."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    out = sink or LogSink()
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return out

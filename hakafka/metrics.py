@@ -1,0 +1,106 @@
+"""The daemon's Prometheus metrics, created on one registry per daemon (no global state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from hakafka.consumer import ConsumerMetrics
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    registry: CollectorRegistry
+    consumer: ConsumerMetrics
+    consumed_rows: Counter
+    consumed_bytes: Counter
+    dead_letters: Counter
+    wal_bytes: Counter
+    wal_syncs: Counter
+    wal_sync_seconds: Histogram
+    buffer_rows: Gauge
+    buffer_bytes: Gauge
+    backpressure: Gauge
+    flushes: Counter
+    flush_rows: Counter
+    flush_seconds: Histogram
+    checkpoint_lag: Gauge
+    kafka_lag: Gauge
+    leader: Gauge
+    epoch: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
+        reg = registry if registry is not None else CollectorRegistry()
+        p = ["pipeline", "shard"]
+        return cls(
+            registry=reg,
+            consumer=ConsumerMetrics.create(reg),
+            consumed_rows=Counter(
+                "hakafka_consumed_rows", "Rows decoded from Kafka", p, registry=reg
+            ),
+            consumed_bytes=Counter(
+                "hakafka_consumed_bytes", "Message value bytes consumed", p, registry=reg
+            ),
+            dead_letters=Counter(
+                "hakafka_dead_letters", "Messages sent to the dead-letter table", p, registry=reg
+            ),
+            wal_bytes=Counter("hakafka_wal_bytes", "Bytes appended to the WAL", p, registry=reg),
+            wal_syncs=Counter(
+                "hakafka_wal_syncs", "WAL syncs (fdatasync) requested", p, registry=reg
+            ),
+            wal_sync_seconds=Histogram(
+                "hakafka_wal_sync_seconds",
+                "WAL append + sync latency",
+                p,
+                buckets=_LATENCY_BUCKETS,
+                registry=reg,
+            ),
+            buffer_rows=Gauge(
+                "hakafka_buffer_rows", "Rows held in the memory buffer", p, registry=reg
+            ),
+            buffer_bytes=Gauge(
+                "hakafka_buffer_bytes", "Arrow bytes held in the memory buffer", p, registry=reg
+            ),
+            backpressure=Gauge(
+                "hakafka_backpressure",
+                "1 while consumption is paused at the buffer limit",
+                p,
+                registry=reg,
+            ),
+            flushes=Counter(
+                "hakafka_flushes", "Block flushes by result", [*p, "result"], registry=reg
+            ),
+            flush_rows=Counter("hakafka_flush_rows", "Rows written to ClickHouse", p, registry=reg),
+            flush_seconds=Histogram(
+                "hakafka_flush_seconds",
+                "Seal to checkpoint commit",
+                p,
+                buckets=_LATENCY_BUCKETS,
+                registry=reg,
+            ),
+            checkpoint_lag=Gauge(
+                "hakafka_checkpoint_lag",
+                "Offsets consumed but not yet checkpointed, per partition",
+                [*p, "partition"],
+                registry=reg,
+            ),
+            kafka_lag=Gauge(
+                "hakafka_kafka_lag",
+                "High watermark minus next offset to consume, per partition",
+                [*p, "partition"],
+                registry=reg,
+            ),
+            leader=Gauge(
+                "hakafka_leader", "1 while this node leads the shard", ["shard"], registry=reg
+            ),
+            epoch=Gauge(
+                "hakafka_epoch",
+                "The shard's leader epoch held by this node",
+                ["shard"],
+                registry=reg,
+            ),
+        )

@@ -1,0 +1,162 @@
+"""One shard on this node: stand in its election and run its pipelines while leading.
+
+Leadership events arrive on the coordinator's notifier thread and are handled here, in
+order, on the shard's own thread (pipelines take seconds to start and stop; the election
+must not wait for that):
+
+- BecameLeader: start every pipeline of the shard (each recovers, then consumes); the
+  `leader` znode says `consuming` once all of them do.
+- Suspended / Resumed: pipelines stop / resume side effects, keeping their state.
+- LostLeadership: pipelines stop at once (their epoch is gone; nothing more is committed).
+- FailoverRequested: pipelines stop, an in-flight flush may finish within the grace period,
+  then the leadership is resigned.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from hakafka.coordination import (
+    BecameLeader,
+    Coordinator,
+    FailoverRequested,
+    Leadership,
+    LeadershipEvent,
+    LostLeadership,
+    Resumed,
+    Suspended,
+)
+from hakafka.metrics import Metrics
+from hakafka.pipeline import PipelineLeader
+
+log = structlog.get_logger("hakafka.shard")
+
+RECOVERY_TIMEOUT_S = 300.0
+_STOP = object()
+
+
+class ShardRunner:
+    """The candidacy of this node in one shard and, while leading, its pipelines."""
+
+    def __init__(
+        self,
+        shard: int,
+        coordinator: Coordinator,
+        make_pipelines: Callable[[Leadership], list[PipelineLeader]],
+        metrics: Metrics,
+        flush_grace_s: float,
+    ) -> None:
+        self.shard = shard
+        self._coordinator = coordinator
+        self._make_pipelines = make_pipelines
+        self._metrics = metrics
+        self._grace = flush_grace_s
+        self._events: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=f"shard-{shard}", daemon=True)
+        self.leadership: Leadership | None = None
+        self.pipelines: list[PipelineLeader] = []
+        self.leading_since: float | None = None
+        self._log = log.bind(shard=shard)
+
+    def start(self) -> None:
+        """Stand for leadership; events are handled from now on."""
+        self._thread.start()
+        self.leadership = self._coordinator.join(self.shard, on_change=self._events.put)
+
+    def stop(self, grace: float) -> None:
+        """Stop the pipelines (a flush may finish within `grace` s) and leave the election."""
+        self._events.put(_STOP)
+        self._thread.join(timeout=grace + 15.0)
+        self._stop_pipelines(grace, reason="shutdown")
+        try:
+            self._coordinator.leave(self.shard)
+        except Exception as exc:
+            self._log.warning("shard.leave_failed", error=repr(exc))
+
+    @property
+    def leading(self) -> bool:
+        return bool(self.pipelines)
+
+    def healthy(self) -> bool:
+        """False if a pipeline of this shard has failed or stopped while leading."""
+        return all(
+            p.status.state in ("starting", "recovering", "consuming") for p in self.pipelines
+        )
+
+    def _loop(self) -> None:
+        while True:
+            event = self._events.get()
+            if event is _STOP:
+                return
+            try:
+                self._handle(event)
+            except Exception as exc:
+                self._log.error("shard.event_failed", event=type(event).__name__, error=repr(exc))
+
+    def _handle(self, event: LeadershipEvent) -> None:
+        labels = {"shard": str(self.shard)}
+        if isinstance(event, BecameLeader):
+            self._log.info("leader.elected", epoch=event.epoch, token=event.token)
+            self._metrics.leader.labels(**labels).set(1)
+            self._metrics.epoch.labels(**labels).set(event.epoch)
+            self._stop_pipelines(0.0, reason="new term")
+            self._start_pipelines()
+        elif isinstance(event, Suspended):
+            self._log.warning("leader.suspended")
+            for p in self.pipelines:
+                p.suspend()
+        elif isinstance(event, Resumed):
+            self._log.info("leader.resumed", epoch=event.epoch)
+            for p in self.pipelines:
+                p.resume()
+        elif isinstance(event, LostLeadership):
+            self._log.warning("leader.lost", reason=event.reason)
+            self._metrics.leader.labels(**labels).set(0)
+            self._stop_pipelines(0.0, reason=event.reason)
+        elif isinstance(event, FailoverRequested):
+            self._log.info("leader.failover_requested", to=event.request.to, by=event.request.by)
+            self._stop_pipelines(self._grace, reason="ops failover")
+            self._metrics.leader.labels(**labels).set(0)
+            if self.leadership is not None:
+                self.leadership.resign("ops failover")
+
+    def _start_pipelines(self) -> None:
+        assert self.leadership is not None
+        self.leading_since = time.time()
+        self.pipelines = self._make_pipelines(self.leadership)
+        for p in self.pipelines:
+            p.start()
+        # Waiting here would hold back later events (a loss must stop pipelines at once).
+        threading.Thread(
+            target=self._announce_consuming,
+            args=(self.leadership, list(self.pipelines)),
+            daemon=True,
+        ).start()
+
+    def _announce_consuming(self, leadership: Leadership, pipelines: list[PipelineLeader]) -> None:
+        """Publish `consuming` in the leader znode once every pipeline consumes."""
+        began = time.monotonic()
+        if not all(p.wait_consuming(RECOVERY_TIMEOUT_S) for p in pipelines):
+            self._log.error("leader.recovery_failed", seconds=round(time.monotonic() - began, 3))
+            return
+        try:
+            leadership.set_status("consuming")
+        except Exception as exc:  # informative only: the CLI waits on it
+            self._log.warning("leader.status_failed", error=repr(exc))
+            return
+        self._log.info("leader.consuming", seconds=round(time.monotonic() - began, 3))
+
+    def _stop_pipelines(self, grace: float, reason: str) -> None:
+        pipelines, self.pipelines = self.pipelines, []
+        self.leading_since = None
+        for p in pipelines:
+            clean = p.stop(grace)
+            self._log.info(
+                "pipeline.stopped_by_shard", pipeline=p.pipeline.name, reason=reason, clean=clean
+            )

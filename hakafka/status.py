@@ -1,0 +1,60 @@
+"""The node's view of itself, as `/status` returns it and `hakafka status` shows it."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from hakafka.pipeline import PipelineLeader
+
+if TYPE_CHECKING:
+    from hakafka.daemon import Daemon
+
+
+def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
+    s = p.status
+    stats = p.buffer.rows.stats()
+    return {
+        "name": p.pipeline.name,
+        "topic": p.pipeline.topic,
+        "state": s.state,
+        "error": s.error,
+        "buffer_rows": p.buffer.rows.snapshot().rows,
+        "buffer_bytes": p.buffer.nbytes,
+        "open_rows": stats.rows,
+        "positions": p.positions(),
+        "lag": p.lag(),
+        "checkpoint": s.checkpoint,
+        "pending_block": s.pending_block,
+        "last_flush_at": s.last_flush_at,
+        "last_flush_rows": s.last_flush_rows,
+        "last_flush_seconds": s.last_flush_seconds,
+        "replayed_rows": s.replayed_rows,
+        "refetched_rows": s.refetched_rows,
+    }
+
+
+def node_status(daemon: Daemon) -> dict[str, Any]:
+    """Role, epoch and pipelines of every shard this node serves."""
+    shards = []
+    for runner in daemon.runners:
+        leadership = runner.leadership
+        shards.append(
+            {
+                "shard": runner.shard,
+                "role": "leader" if runner.leading else "follower",
+                "state": leadership.state.value if leadership is not None else "starting",
+                "epoch": leadership.epoch if leadership is not None else None,
+                "leading_since": runner.leading_since,
+                "pipelines": [pipeline_status(p) for p in runner.pipelines],
+            }
+        )
+    return {
+        "node": daemon.config.node,
+        "version": daemon.coordinator.endpoints.version,
+        "pid": daemon.coordinator.endpoints.pid,
+        "uptime_s": round(time.time() - daemon.started_at, 1),
+        "zookeeper_connected": daemon.coordinator.connected,
+        "healthy": daemon.healthy(),
+        "shards": shards,
+    }
