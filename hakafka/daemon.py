@@ -38,6 +38,7 @@ from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
 from hakafka.consumer.decode import Format, OnError
 from hakafka.coordination import Coordinator, Leadership, NodeInfo, ZkConfig
+from hakafka.faults import CrashPlan
 from hakafka.logs import LogSink
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader
@@ -124,6 +125,7 @@ class Daemon:
         self.engine = SqlEngine(self.catalog, QueryLimits())
         self.spark = SparkRuntime(spark_settings(config))
         self.notifier = Notifier.from_environment()
+        self.crash = CrashPlan.from_environment()
         self.started_at = time.time()
         self._stop = threading.Event()
         self._signals = 0
@@ -195,6 +197,7 @@ class Daemon:
                     replicas=self._replicas_for(shard),
                     catalog=self.catalog,
                     metrics=self.metrics,
+                    crash=self.crash,
                 )
                 for p in self._pipelines
             ]

@@ -36,6 +36,7 @@ from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import DecodedBatch, Decoder, PartitionConsumer, ShardAssignment
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import FencedError, Leadership, PendingIntent
+from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline_buffer import PipelineBlock, PipelineBuffer, make_block
 from hakafka.refetch import refetch
@@ -105,8 +106,10 @@ class PipelineLeader:
         replicas: Callable[[], tuple[Replica, ...]],
         catalog: Catalog,
         metrics: Metrics,
+        crash: CrashPlan | None = None,
     ) -> None:
         self.config = config
+        self._crash = crash or CrashPlan(None)
         self.pipeline = pipeline
         self.shard = shard
         self.decoder = decoder
@@ -412,6 +415,7 @@ class PipelineLeader:
             position = wal.append(header, payload)
             if batch_sync:
                 wal.sync()
+            self._crash.hit("consume.after_wal")
             self._account(
                 decoded,
                 len(header) + len(memoryview(payload)),
@@ -510,8 +514,10 @@ class PipelineLeader:
                 )
                 self._wait_gate()
                 fenced.write_pending(self.pipeline.name, intent)
+                self._crash.hit("flush.after_pending")
             self.status.pending_block = block.block_id
             result = self._flush_with_retry(block)
+            self._crash.hit("flush.after_insert")
             self._wait_gate()
             if self._abandoned.is_set():
                 raise PipelineStopped("flush abandoned")
@@ -519,6 +525,7 @@ class PipelineLeader:
                 self.pipeline.name, {topic: {p: r.last + 1 for p, r in parts.items()}}
             )
             self._checkpoint = {int(p): int(o) for p, o in committed.get(topic, {}).items()}
+            self._crash.hit("flush.after_checkpoint")
             self.buffer.commit(block)
             self._committed.set()
             self._truncate_wal()

@@ -1,0 +1,282 @@
+"""A local hakafka cluster: config files and `hakafka run` processes on the local stack.
+
+Used by the integration and chaos tests and by `make demo`. Every daemon is a real
+process with its own data dir, ports and log file, started and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hakafka.devstack.process import LOOPBACK, ManagedProcess, free_port, wait_until
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One `[[pipelines]]` table of the generated configs."""
+
+    name: str
+    topic: str
+    table: str
+    columns: Mapping[str, str]
+    buffer: Mapping[str, int | float] = field(default_factory=dict)
+    on_error: str = "dead_letter"
+    fsync: str = "batch"
+    transform: str = ""
+
+
+@dataclass(frozen=True)
+class StackEndpoints:
+    zookeeper: str
+    kafka: str
+    clickhouse: str  # host:port of the ClickHouse HTTP front
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def render_config(
+    *,
+    node: str,
+    shards: Sequence[int],
+    shard_count: int,
+    data_dir: Path,
+    stack: StackEndpoints,
+    zk_root: str,
+    replicas: Mapping[int, Mapping[str, str]],
+    http_port: int,
+    flight_port: int,
+    pipelines: Sequence[PipelineSpec],
+    session_timeout: float = 4.0,
+    database: str = "default",
+    spark_conf: Mapping[str, str] | None = None,
+    rows_per_task: int = 500_000,
+) -> str:
+    """The TOML text of one node's config."""
+    lines = [
+        f"node = {_toml_value(node)}",
+        f"shards = {_toml_value(list(shards))}",
+        f"shard_count = {shard_count}",
+        f"data_dir = {_toml_value(str(data_dir))}",
+        "",
+        "[zookeeper]",
+        f"hosts = {_toml_value(stack.zookeeper)}",
+        f"root = {_toml_value(zk_root)}",
+        f"session_timeout = {session_timeout}",
+        "",
+        "[kafka]",
+        f"bootstrap = {_toml_value(stack.kafka)}",
+        "",
+        "[clickhouse]",
+        f"database = {_toml_value(database)}",
+    ]
+    for shard, nodes in sorted(replicas.items()):
+        lines += ["", f"[clickhouse.replicas.{shard}]"]
+        lines += [f"{_toml_value(n)} = {_toml_value(ep)}" for n, ep in sorted(nodes.items())]
+    lines += [
+        "",
+        "[spark]",
+        'master = "local[2]"',
+        'driver_memory = "1g"',
+        f"rows_per_task = {rows_per_task}",
+    ]
+    if spark_conf:
+        lines += ["", "[spark.conf]"] + [
+            f"{_toml_value(k)} = {_toml_value(v)}" for k, v in spark_conf.items()
+        ]
+    lines += [
+        "",
+        "[server]",
+        f'http = "{LOOPBACK}:{http_port}"',
+        f'flight = "{LOOPBACK}:{flight_port}"',
+    ]
+    for p in pipelines:
+        lines += [
+            "",
+            "[[pipelines]]",
+            f"name = {_toml_value(p.name)}",
+            f"topic = {_toml_value(p.topic)}",
+            f"table = {_toml_value(p.table)}",
+            f"on_error = {_toml_value(p.on_error)}",
+            f"transform = {_toml_value(p.transform)}",
+            "[pipelines.columns]",
+        ]
+        lines += [f"{name} = {_toml_value(ch_type)}" for name, ch_type in p.columns.items()]
+        if p.buffer:
+            lines += ["[pipelines.buffer]"] + [
+                f"{k} = {_toml_value(v)}" for k, v in p.buffer.items()
+            ]
+        lines += ["[pipelines.wal]", f"fsync = {_toml_value(p.fsync)}"]
+    return "\n".join(lines) + "\n"
+
+
+class DaemonNode:
+    """One `hakafka run` process of the local cluster."""
+
+    def __init__(
+        self, name: str, root: Path, config_text: str, http_port: int, flight_port: int
+    ) -> None:
+        self.name = name
+        self.root = root
+        self.http_port = http_port
+        self.flight_port = flight_port
+        self.config_path = root / f"{name}.toml"
+        root.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_text)
+        self.log_path = root / f"{name}.log"
+        self.process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        """Start the daemon (a new process each time) without waiting for it."""
+        self.process = ManagedProcess(
+            name=f"hakafka daemon {self.name}",
+            argv=[sys.executable, "-m", "hakafka.cli", "run", "--config", str(self.config_path)],
+            log_path=self.log_path,
+            marker=str(self.config_path),
+            env={"ARROW_DEFAULT_MEMORY_POOL": "jemalloc", **(env or {})},
+        )
+        self.process.start()
+
+    def wait_up(self, timeout: float = 60.0) -> None:
+        """Wait until the admin endpoint answers /health."""
+        assert self.process is not None
+        self.process.wait_ready(lambda: self.get("/health")[0] == 200, timeout=timeout)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM and wait (SIGKILL after `timeout`)."""
+        if self.process is not None:
+            self.process.stop(timeout=timeout)
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send `sig` (SIGKILL: crash; SIGSTOP/SIGCONT: freeze/thaw); reaps after SIGKILL."""
+        if self.process is None:
+            return
+        self.process.kill(sig)
+        if sig == signal.SIGKILL:
+            self.process.stop(timeout=5.0)
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as resp:
+                return int(resp.status), bytes(resp.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), bytes(exc.read())
+        except OSError:
+            return 0, b""
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        if code != 200:
+            return {}
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    def leads(self) -> list[int]:
+        """The shards this node leads with every pipeline consuming."""
+        return [
+            s["shard"]
+            for s in self.status().get("shards", [])
+            if s["role"] == "leader"
+            and s["pipelines"]
+            and all(p["state"] == "consuming" for p in s["pipelines"])
+        ]
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.process.log_tail(lines) if self.process is not None else ""
+
+
+class LocalCluster:
+    """Daemons that each serve some shards, sharing one ZooKeeper root and one ClickHouse."""
+
+    def __init__(
+        self,
+        root: Path,
+        stack: StackEndpoints,
+        *,
+        nodes: Mapping[str, Sequence[int]],
+        shard_count: int,
+        pipelines: Sequence[PipelineSpec],
+        zk_root: str,
+        database: str = "default",
+        session_timeout: float = 4.0,
+        rows_per_task: int = 500_000,
+    ) -> None:
+        self.root = root
+        self.stack = stack
+        replicas: dict[int, dict[str, str]] = {}
+        for node, shards in nodes.items():
+            for shard in shards:
+                replicas.setdefault(shard, {})[node] = stack.clickhouse
+        self.nodes: dict[str, DaemonNode] = {}
+        for node, shards in nodes.items():
+            http, flight = free_port(), free_port()
+            text = render_config(
+                node=node,
+                shards=shards,
+                shard_count=shard_count,
+                data_dir=root / node,
+                stack=stack,
+                zk_root=zk_root,
+                replicas=replicas,
+                http_port=http,
+                flight_port=flight,
+                pipelines=pipelines,
+                session_timeout=session_timeout,
+                database=database,
+                rows_per_task=rows_per_task,
+            )
+            self.nodes[node] = DaemonNode(node, root, text, http, flight)
+
+    def start(self, timeout: float = 90.0) -> None:
+        for node in self.nodes.values():
+            node.start()
+        for node in self.nodes.values():
+            node.wait_up(timeout)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+    def leaders(self) -> dict[int, str]:
+        """shard -> node, for shards whose leader consumes (as each node reports itself)."""
+        found: dict[int, str] = {}
+        for name, node in self.nodes.items():
+            if node.alive():
+                for shard in node.leads():
+                    found[shard] = name
+        return found
+
+    def wait_leaders(self, shards: Sequence[int], timeout: float = 120.0) -> dict[int, str]:
+        """Wait until every shard in `shards` has a consuming leader; return them."""
+        wait_until(
+            lambda: set(shards) <= set(self.leaders()),
+            timeout=timeout,
+            what=f"leaders of shards {list(shards)}",
+        )
+        return self.leaders()
