@@ -416,6 +416,7 @@ class PipelineLeader:
             if batch_sync:
                 wal.sync()
             self._crash.hit("consume.after_wal")
+            self._metrics.consumed_bytes.labels(**self._labels).inc(sum(map(len, messages)))
             self._account(
                 decoded,
                 len(header) + len(memoryview(payload)),

@@ -8,13 +8,11 @@ when the session ends.
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -127,28 +125,17 @@ def ch_client(clickhouse: ClickHouseService, ch_database: str) -> Iterator[Clien
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """One local[2] SparkSession for the whole test session (UI off, 127.0.0.1, 2g driver)."""
-    from pyspark.sql import SparkSession
+    """One local[2] SparkSession for the whole test session, from the daemon's SparkRuntime."""
+    from spark_bridge import SparkRuntime, SparkSettings
 
-    # Executors' Python workers must run this interpreter (the venv has pyarrow & co.).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    builder: Any = SparkSession.builder
-    session = (
-        builder.master("local[2]")
-        .appName("hakafka-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", "2g")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.warehouse.dir", str(warehouse))
-        .getOrCreate()
+    runtime = SparkRuntime(
+        SparkSettings(
+            app_name="hakafka-tests",
+            conf={"spark.sql.shuffle.partitions": "4", "spark.sql.warehouse.dir": str(warehouse)},
+        )
     )
     try:
-        yield session
+        yield runtime.start()
     finally:
-        session.stop()
+        runtime.stop()
