@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from hakafka.config import DEFAULT_PATH, Config, ConfigError, load_config
 from hakafka.devstack.process import DevstackError
@@ -18,6 +19,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 DEFAULT_DEV_ROOT = Path(".devstack")
+FORMATS = ("table", "json", "csv", "arrow")
 
 
 def _dev_up(args: argparse.Namespace) -> int:
@@ -102,6 +104,185 @@ def _init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hakafka.ops.cluster import connect
+    from hakafka.ops.status import cluster_status, render
+
+    config = load(args.config)
+    with connect(config) as coordinator:
+        status = cluster_status(coordinator, config)
+    if args.json:
+        _print_json(status)
+    else:
+        print(render(status))
+    return EXIT_OK if status["healthy"] else EXIT_FAILURE
+
+
+def _failover(args: argparse.Namespace) -> int:
+    from hakafka.ops.cluster import check_shard, connect, operator
+    from hakafka.ops.failover import describe, failover
+
+    config = load(args.config)
+    shard = check_shard(config, args.shard)
+    with connect(config) as coordinator:
+        handover = failover(coordinator, shard, to=args.to, wait_s=args.wait, by=operator())
+    if args.json:
+        _print_json(asdict(handover))
+    else:
+        print(describe(handover))
+    return EXIT_OK
+
+
+def _replace(args: argparse.Namespace) -> int:
+    from hakafka.ops import replace
+    from hakafka.ops.cluster import connect, operator
+    from hakafka.ops.failover import describe
+
+    config = load(args.config)
+    with connect(config) as coordinator:
+        if args.done:
+            was_flagged = replace.done(coordinator, args.node)
+            if args.json:
+                _print_json({"node": args.node, "cleared": was_flagged})
+            else:
+                print(
+                    f"{args.node}: no longer under replacement; it stands for leadership again"
+                    if was_flagged
+                    else f"{args.node} was not under replacement (nothing to do)"
+                )
+            return EXIT_OK
+        result = replace.start(
+            coordinator,
+            config.shard_count,
+            args.node,
+            reason=args.reason,
+            wait_s=args.wait,
+            by=operator(),
+        )
+    if args.json:
+        _print_json(asdict(result))
+    else:
+        print(f"{args.node}: under replacement ({args.reason}); it leads no shard from now on")
+        for handover in result.moved:
+            print(describe(handover))
+    return EXIT_OK
+
+
+def _query(args: argparse.Namespace) -> int:
+    from hakafka.ops.cluster import check_shard, connect
+    from hakafka.ops.query import query_shards, render
+
+    config = load(args.config)
+    shards = (
+        [check_shard(config, args.shard)] if args.shard is not None else range(config.shard_count)
+    )
+    with connect(config) as coordinator:
+        table = query_shards(coordinator, list(shards), args.sql, config.server.token.value or None)
+    sys.stdout.buffer.write(render(table, "json" if args.json else args.format))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _wal(args: argparse.Namespace) -> int:
+    from hakafka.ops.wal import check
+
+    return check(load(args.config), args.action, args.pipeline, sys.stdout)
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})"
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+
+def _add_ops_commands(commands: Any) -> None:
+    status = commands.add_parser(
+        "status",
+        help="shards, pipelines and nodes of the cluster",
+        description="Shards (leader, epoch, since), pipelines on each shard's leader (lag per "
+        "partition from the fetch high watermark, buffer rows/bytes, last flush, pending "
+        "intent) and nodes (alive, endpoints, replacing). Exit 0 if every shard has a "
+        "consuming leader, 1 otherwise.",
+    )
+    _add_config(status)
+    _add_json(status)
+    status.set_defaults(handler=_status)
+
+    failover = commands.add_parser(
+        "failover",
+        help="move a shard's leadership to another node",
+        description="Ask the shard's leader to hand over and wait until the new leader "
+        "consumes; prints who leads and how long it took. Exit 1 if refused (the reason is "
+        "printed) or not done within --wait.",
+    )
+    _add_config(failover)
+    failover.add_argument("--shard", type=int, required=True, help="the shard to move")
+    failover.add_argument("--to", metavar="NODE", help="the node that should lead it")
+    failover.add_argument(
+        "--wait", type=float, default=60.0, metavar="SECONDS", help="give up after (default 60)"
+    )
+    _add_json(failover)
+    failover.set_defaults(handler=_failover)
+
+    node = commands.add_parser("node", help="node maintenance")
+    node_commands = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    replace = node_commands.add_parser(
+        "replace",
+        help="mark or clear a node under replacement",
+        description="--start: the node leaves every election (its shards move to other "
+        "nodes; the command waits until they consume and prints where they went) and gets "
+        "no flushes. --done: it is eligible again.",
+    )
+    _add_config(replace)
+    replace.add_argument("node", metavar="NODE")
+    mode = replace.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--start", action="store_true", help="mark NODE under replacement")
+    mode.add_argument("--done", action="store_true", help="clear the mark")
+    replace.add_argument("--reason", default="replacement", help="recorded with the mark")
+    replace.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long --start waits for each moved shard (default 60)",
+    )
+    _add_json(replace)
+    replace.set_defaults(handler=_replace)
+
+    query = commands.add_parser(
+        "query",
+        help="SQL over the memory buffers of shard leaders",
+        description="Run SQL on the buffer of the shard's current leader (found in "
+        "ZooKeeper). Without --shard every shard is queried and the results concatenated in "
+        "shard order: an aggregate gives one row per shard.",
+    )
+    _add_config(query)
+    query.add_argument("sql", metavar="SQL", help='e.g. "SELECT count(*) FROM events"')
+    query.add_argument("--shard", type=int, help="only this shard")
+    query.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    query.add_argument("--json", action="store_true", help="same as --format json")
+    query.set_defaults(handler=_query)
+
+    wal = commands.add_parser(
+        "wal",
+        help="inspect or verify this node's WAL",
+        description="Scan this node's WAL directories read-only (data_dir/wal/SHARD/PIPELINE). "
+        "Exit 1 if a log is damaged.",
+    )
+    wal.add_argument("action", choices=("inspect", "verify"))
+    _add_config(wal)
+    wal.add_argument("--pipeline", help="only this pipeline")
+    wal.set_defaults(handler=_wal)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -111,9 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the daemon (what the systemd unit starts)")
-    run.add_argument(
-        "--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})"
-    )
+    _add_config(run)
     run.add_argument(
         "--log-format", choices=("json", "console"), default="json", help="log line format"
     )
@@ -137,8 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     init = commands.add_parser(
         "init", help="create the ZooKeeper paths and ClickHouse tables (idempotent)"
     )
-    init.add_argument("--config", type=Path, default=DEFAULT_PATH)
+    _add_config(init)
     init.set_defaults(handler=_init)
+    _add_ops_commands(commands)
 
     dev = commands.add_parser(
         "dev", help="the local development stack (ZooKeeper, Kafka, ClickHouse)"
@@ -172,12 +352,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `hakafka` command; return its exit code (0 ok, 1 failure, 2 usage)."""
+    from buffer.client import QueryFailedError
+    from hakafka.coordination import CoordinationError
     from hakafka.daemon import StartupError
+    from hakafka.ops.cluster import OpsError, UsageError
 
     args = build_parser().parse_args(argv)
     try:
         code: int = args.handler(args)
-    except (DevstackError, ConfigError, StartupError) as exc:
+    except UsageError as exc:
+        print(f"hakafka: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (
+        DevstackError,
+        ConfigError,
+        StartupError,
+        OpsError,
+        CoordinationError,
+        QueryFailedError,
+    ) as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return code

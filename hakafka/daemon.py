@@ -243,6 +243,11 @@ class Daemon:
         began = time.monotonic()
         self.notifier.stopping()
         log.info("daemon.stopping")
+        # The unit's TimeoutStopSec is just above this bound: exit by ourselves, with a log
+        # line saying so, rather than be SIGKILLed by systemd.
+        bound = threading.Timer(SHUTDOWN_BOUND_S, self._shutdown_overran)
+        bound.daemon = True
+        bound.start()
         for runner in self.runners:
             runner.stop(FLUSH_GRACE_S)
         self.coordinator.close()
@@ -250,8 +255,13 @@ class Daemon:
         self.flight.shutdown()
         self.engine.close()
         self.spark.stop()
+        bound.cancel()
         log.info("daemon.stopped", seconds=round(time.monotonic() - began, 3))
         return 0
+
+    def _shutdown_overran(self) -> None:
+        log.error("daemon.shutdown_overran", bound_s=SHUTDOWN_BOUND_S)
+        os._exit(1)
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -1,0 +1,111 @@
+"""What every cluster-facing command shares: a ZooKeeper client built from the node's config,
+reads of a node's admin endpoint, plain-text tables and the errors that map to exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from buffer.auth import bearer_header
+from hakafka import __version__
+from hakafka.config import Config
+from hakafka.coordination import Coordinator, LeaderInfo, NodeInfo
+
+
+class OpsError(RuntimeError):
+    """The operation failed, was refused or timed out (exit code 1); the text says why."""
+
+
+class UsageError(ValueError):
+    """The command line names something the config does not have (exit code 2)."""
+
+
+@contextlib.contextmanager
+def connect(config: Config) -> Iterator[Coordinator]:
+    """A ZooKeeper client for `config`'s cluster that reads and requests, never registers."""
+    from hakafka.daemon import zk_config
+
+    coordinator = Coordinator(
+        zk_config(config),
+        config.node,
+        NodeInfo(
+            host=socket.gethostname(), http="", flight="", pid=os.getpid(), version=__version__
+        ),
+    )
+    coordinator.start()
+    try:
+        yield coordinator
+    finally:
+        coordinator.close()
+
+
+def operator() -> str:
+    """Who asks, as recorded in ZooKeeper requests: `user@host`."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def check_shard(config: Config, shard: int) -> int:
+    if not 0 <= shard < config.shard_count:
+        raise UsageError(
+            f"--shard {shard}: the cluster has shards 0..{config.shard_count - 1} "
+            f"(shard_count = {config.shard_count})"
+        )
+    return shard
+
+
+def wait_consuming_leader(
+    coordinator: Coordinator, shard: int, previous: str, deadline: float
+) -> LeaderInfo:
+    """The leader of `shard` once a node other than `previous` leads it with every pipeline
+    consuming; OpsError when that has not happened by `deadline` (time.monotonic())."""
+    while True:
+        info = coordinator.leader_of(shard)
+        if info is not None and info.node != previous and info.status == "consuming":
+            return info
+        if time.monotonic() >= deadline:
+            now = "no leader" if info is None else f"{info.node} ({info.status})"
+            raise OpsError(
+                f"shard {shard}: no other node than {previous} leads and consumes yet "
+                f"(now: {now}); check `hakafka status` and the logs of the candidates"
+            )
+        time.sleep(0.1)
+
+
+def fetch_json(base_url: str, path: str, token: str | None, timeout_s: float = 5.0) -> Any:
+    """GET `path` from a node's admin endpoint as JSON; OpsError naming the URL on failure."""
+    request = urllib.request.Request(base_url.rstrip("/") + path)
+    if token:
+        request.add_header("Authorization", bearer_header(token))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise OpsError(f"{request.full_url}: HTTP {exc.code} {exc.reason}") from None
+    except (OSError, ValueError) as exc:
+        raise OpsError(f"{request.full_url}: {exc}") from None
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces, one header line."""
+    cells = [[str(h) for h in headers], *[["-" if v is None else str(v) for v in r] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
+
+
+def clock(timestamp: float | None) -> str | None:
+    """`2024-05-01 12:00:00Z (35s ago)`, or None."""
+    if timestamp is None:
+        return None
+    ago = max(0.0, time.time() - timestamp)
+    return f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(timestamp))} ({ago:.0f}s ago)"

@@ -1,0 +1,172 @@
+"""`hakafka status`: the cluster as ZooKeeper and each node's `/status` see it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from hakafka.config import Config
+from hakafka.coordination import Coordinator
+from hakafka.ops.cluster import OpsError, clock, fetch_json, format_table
+
+
+def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
+    """`shards` (leader, epoch, since, status), `pipelines` (per shard, from its leader's
+    view: state, lag per partition, buffer, last flush, pending intent), `nodes` (alive,
+    endpoints, replacing) and `healthy`: every shard has a consuming leader whose pipelines
+    all consume."""
+    token = config.server.token.value or None
+    registered = coordinator.nodes()
+    replacing = coordinator.replacing()
+    views: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    for name, endpoints in registered.items():
+        try:
+            views[name] = fetch_json(endpoints.http, "/status", token)
+        except OpsError as exc:
+            errors[name] = str(exc)
+
+    shards: list[dict[str, Any]] = []
+    pipelines: list[dict[str, Any]] = []
+    for shard in range(config.shard_count):
+        leader = coordinator.leader_of(shard)
+        shards.append(
+            {
+                "shard": shard,
+                "leader": None if leader is None else leader.node,
+                "epoch": None if leader is None else leader.epoch,
+                "since": None if leader is None else leader.since,
+                "status": "no leader" if leader is None else leader.status,
+            }
+        )
+        if leader is not None:
+            pipelines += _pipelines_of(shard, leader.node, views, errors)
+
+    known = set(registered) | set(replacing)
+    known |= {n for nodes in config.clickhouse.replicas.values() for n in nodes}
+    nodes = []
+    for name in sorted(known):
+        info = registered.get(name)
+        flag = replacing.get(name)
+        nodes.append(
+            {
+                "node": name,
+                "alive": info is not None,
+                "host": None if info is None else info.host,
+                "http": None if info is None else info.http,
+                "flight": None if info is None else info.flight,
+                "version": None if info is None else info.version,
+                "healthy": views.get(name, {}).get("healthy"),
+                "error": errors.get(name),
+                "replacing": None if flag is None else asdict(flag),
+            }
+        )
+    healthy = all(s["status"] == "consuming" for s in shards) and all(
+        p["state"] == "consuming" for p in pipelines
+    )
+    return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
+
+
+def _pipelines_of(
+    shard: int, leader: str, views: dict[str, dict[str, Any]], errors: dict[str, str]
+) -> list[dict[str, Any]]:
+    view = views.get(leader)
+    if view is None:
+        why = errors.get(leader, f"{leader} is not registered")
+        return [
+            {"shard": shard, "node": leader, "pipeline": None, "state": "unknown", "error": why}
+        ]
+    found = []
+    for entry in view.get("shards", []):
+        if entry.get("shard") != shard:
+            continue
+        for p in entry.get("pipelines", []):
+            found.append(
+                {
+                    "shard": shard,
+                    "node": leader,
+                    "pipeline": p["name"],
+                    "state": p["state"],
+                    "error": p["error"],
+                    "lag": {int(k): v for k, v in p["lag"].items()},
+                    "buffer_rows": p["buffer_rows"],
+                    "buffer_bytes": p["buffer_bytes"],
+                    "last_flush_at": p["last_flush_at"],
+                    "last_flush_rows": p["last_flush_rows"],
+                    "last_flush_seconds": p["last_flush_seconds"],
+                    "pending_block": p["pending_block"],
+                }
+            )
+    return found
+
+
+def render(status: dict[str, Any]) -> str:
+    """The three tables `hakafka status` prints."""
+    shards = format_table(
+        ["SHARD", "LEADER", "EPOCH", "STATUS", "SINCE"],
+        [
+            [s["shard"], s["leader"], s["epoch"], s["status"], clock(s["since"])]
+            for s in status["shards"]
+        ],
+    )
+    rows = []
+    for p in status["pipelines"]:
+        lag = p.get("lag")
+        lag_text = (
+            None
+            if lag is None
+            else f"{sum(lag.values())} ("
+            + " ".join(f"p{k}={v}" for k, v in sorted(lag.items()))
+            + ")"
+        )
+        flush = (
+            None
+            if p.get("last_flush_at") is None
+            else f"{clock(p['last_flush_at'])}: {p['last_flush_rows']} rows "
+            f"in {p['last_flush_seconds']:.2f}s"
+        )
+        rows.append(
+            [
+                p["shard"],
+                p["pipeline"],
+                p["node"],
+                p["state"] if not p.get("error") else f"{p['state']}: {p['error']}",
+                lag_text,
+                p.get("buffer_rows"),
+                p.get("buffer_bytes"),
+                flush,
+                p.get("pending_block"),
+            ]
+        )
+    pipelines = format_table(
+        [
+            "SHARD",
+            "PIPELINE",
+            "NODE",
+            "STATE",
+            "LAG (per partition)",
+            "BUFFER ROWS",
+            "BUFFER BYTES",
+            "LAST FLUSH",
+            "PENDING",
+        ],
+        rows,
+    )
+    nodes = format_table(
+        ["NODE", "ALIVE", "HEALTHY", "HTTP", "FLIGHT", "REPLACING"],
+        [
+            [
+                n["node"],
+                "yes" if n["alive"] else "no",
+                n["error"] or n["healthy"],
+                n["http"],
+                n["flight"],
+                None
+                if n["replacing"] is None
+                else f"since {clock(n['replacing']['since'])} by {n['replacing']['by']}: "
+                f"{n['replacing']['reason']}",
+            ]
+            for n in status["nodes"]
+        ],
+    )
+    return f"{shards}\n\n{pipelines}\n\n{nodes}"
