@@ -181,7 +181,14 @@ def _query(args: argparse.Namespace) -> int:
         [check_shard(config, args.shard)] if args.shard is not None else range(config.shard_count)
     )
     with connect(config) as coordinator:
-        table = query_shards(coordinator, list(shards), args.sql, config.server.token.value or None)
+        table = query_shards(
+            coordinator,
+            list(shards),
+            args.sql,
+            shard_count=config.shard_count,
+            token=config.server.token.value or None,
+            notes=sys.stderr,
+        )
     sys.stdout.buffer.write(render(table, "json" if args.json else args.format))
     sys.stdout.flush()
     return EXIT_OK
@@ -350,6 +357,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _logs_to_stderr() -> None:
+    """Operator commands keep stdout for their results (JSON, CSV, Arrow): the log events of
+    the code they call go to stderr, warnings and errors only."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `hakafka` command; return its exit code (0 ok, 1 failure, 2 usage)."""
     from buffer.client import QueryFailedError
@@ -358,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hakafka.ops.cluster import OpsError, UsageError
 
     args = build_parser().parse_args(argv)
+    if args.handler is not _run:
+        _logs_to_stderr()
     try:
         code: int = args.handler(args)
     except UsageError as exc:

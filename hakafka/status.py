@@ -16,6 +16,9 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
     stats = p.buffer.rows.stats()
     return {
         "name": p.pipeline.name,
+        # What SQL calls this buffer: `<pipeline>`, or `<pipeline>_shard<N>` on a node that
+        # leads several shards.
+        "query_table": p.buffer.rows.name,
         "topic": p.pipeline.topic,
         "state": s.state,
         "error": s.error,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
+from typing import TextIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -14,24 +15,53 @@ from hakafka.coordination import Coordinator
 from hakafka.ops.cluster import OpsError, format_table
 
 
-def leader_flight(coordinator: Coordinator, shard: int) -> str:
-    """The Flight URL of `shard`'s current leader; OpsError if it has none."""
-    leader = coordinator.leader_of(shard)
-    if leader is None:
-        raise OpsError(f"shard {shard} has no leader right now; try again or see `hakafka status`")
-    node = coordinator.nodes().get(leader.node)
-    if node is None:
-        raise OpsError(f"shard {shard}: its leader {leader.node} is not registered")
-    return node.flight
+def leaders(coordinator: Coordinator, shards: Sequence[int]) -> dict[str, list[int]]:
+    """Leader node -> the shards of `shards` it leads; OpsError if one has no leader."""
+    found: dict[str, list[int]] = {}
+    for shard in shards:
+        leader = coordinator.leader_of(shard)
+        if leader is None:
+            raise OpsError(
+                f"shard {shard} has no leader right now; try again or see `hakafka status`"
+            )
+        found.setdefault(leader.node, []).append(shard)
+    return found
 
 
 def query_shards(
-    coordinator: Coordinator, shards: Sequence[int], sql: str, token: str | None
+    coordinator: Coordinator,
+    shards: Sequence[int],
+    sql: str,
+    *,
+    shard_count: int,
+    token: str | None,
+    notes: TextIO,
 ) -> pa.Table:
-    """`sql` run on each shard's leader, results concatenated in shard order (an aggregate
-    therefore yields one row per shard)."""
-    tables = [remote_query(leader_flight(coordinator, s), sql, token) for s in shards]
+    """`sql` run once on each node leading one of `shards`, results concatenated in shard
+    order (an aggregate yields one row per leader node). A node leading several shards keeps
+    their buffers as `<pipeline>` and `<pipeline>_shard<N>` (see `hakafka status`): said on
+    `notes`."""
+    by_node = leaders(coordinator, shards)
+    registered = coordinator.nodes()
+    tables = []
+    for node, led in sorted(by_node.items(), key=lambda item: item[1][0]):
+        endpoints = registered.get(node)
+        if endpoints is None:
+            raise OpsError(f"shard {led[0]}: its leader {node} is not registered")
+        others = [s for s in range(shard_count) if s not in led and _leads(coordinator, node, s)]
+        if len(led) > 1 or others:
+            print(
+                f"note: {node} leads shards {sorted(led + others)}; its buffers are named per "
+                "shard (QUERY TABLE in `hakafka status`)",
+                file=notes,
+            )
+        tables.append(remote_query(endpoints.flight, sql, token))
     return pa.concat_tables(tables, promote_options="default")
+
+
+def _leads(coordinator: Coordinator, node: str, shard: int) -> bool:
+    leader = coordinator.leader_of(shard)
+    return leader is not None and leader.node == node
 
 
 def render(table: pa.Table, fmt: str) -> bytes:

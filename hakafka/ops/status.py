@@ -87,6 +87,7 @@ def _pipelines_of(
                     "node": leader,
                     "pipeline": p["name"],
                     "state": p["state"],
+                    "query_table": p["query_table"],
                     "error": p["error"],
                     "lag": {int(k): v for k, v in p["lag"].items()},
                     "buffer_rows": p["buffer_rows"],
@@ -129,6 +130,7 @@ def render(status: dict[str, Any]) -> str:
             [
                 p["shard"],
                 p["pipeline"],
+                p.get("query_table"),
                 p["node"],
                 p["state"] if not p.get("error") else f"{p['state']}: {p['error']}",
                 lag_text,
@@ -142,6 +144,7 @@ def render(status: dict[str, Any]) -> str:
         [
             "SHARD",
             "PIPELINE",
+            "QUERY TABLE",
             "NODE",
             "STATE",
             "LAG (per partition)",
