@@ -1,0 +1,528 @@
+"""Chaos for a local hakafka cluster: a seeded schedule of bounded faults, a leadership
+watcher, and the end-of-run checks (no doubled leader, no WAL damage).
+
+`ChaosDriver.run` applies faults picked by `random.Random(seed)`: SIGKILL or SIGSTOP a shard
+leader, SIGKILL and restart a ZooKeeper member, restart the broker, stop the ClickHouse front
+for a while, mark and clear a node's replacement, and ask for failovers. Every fault ends by
+itself (a stopped process is continued, a stopped service started again) and `heal` brings
+back anything still down. The seed comes from `CHAOS_SEED` when set, so a run can be replayed
+(the schedule is the same; timing on a busy machine is not).
+
+`LeadershipWatcher` records every change of `shards/<s>/leader` from its own ZooKeeper
+session. `commit_violations` reads each daemon's JSON log for `fenced.checkpoint_committed`
+and says whether two nodes ever committed for the same shard and epoch or a shard's epochs
+went backwards; `wal_damage` runs `python -m wal verify` on every WAL directory.
+
+WAL damage, as these checks define it: a torn tail (a record cut short by SIGKILL) is
+expected and repaired when the log is opened, so it is reported but not damage; a corrupt
+record (CRC mismatch, impossible length, missing segment) and any quarantined `*.corrupt`
+file are damage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from hakafka.coordination import paths
+from hakafka.coordination.coordinator import Coordinator
+from hakafka.coordination.errors import FailoverRefused
+from hakafka.devstack.clickhouse import ClickHouseService
+from hakafka.devstack.cluster import DaemonNode, LocalCluster
+from hakafka.devstack.kafka import KafkaBroker
+from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+
+SEED_ENV = "CHAOS_SEED"
+KINDS = (
+    "kill_leader",
+    "stop_leader",
+    "restart_zookeeper_member",
+    "restart_broker",
+    "clickhouse_outage",
+    "replace_node",
+    "failover",
+)
+
+
+def chaos_seed() -> int:
+    """The seed of this run: `CHAOS_SEED` if set (an integer), else a fresh random one."""
+    raw = os.environ.get(SEED_ENV, "").strip()
+    if not raw:
+        return random.SystemRandom().randrange(2**32)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{SEED_ENV}={raw!r}: the seed must be an integer") from None
+
+
+# -- leadership watcher -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaderObservation:
+    """One state of `shards/<shard>/leader` as seen at `at` (Unix time); node None: no leader."""
+
+    at: float
+    shard: int
+    node: str | None
+    epoch: int | None
+    status: str | None
+
+
+class LeadershipWatcher:
+    """Watches the leader znode of each shard from its own session and records every change."""
+
+    def __init__(self, hosts: str, root: str, shards: Iterable[int]) -> None:
+        self._client = KazooClient(hosts=f"{hosts}{root}", timeout=10.0)
+        self._shards = list(shards)
+        self._lock = threading.Lock()
+        self._seen: list[LeaderObservation] = []
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._client.start(timeout=timeout)
+        for shard in self._shards:
+            self._client.DataWatch(paths.leader(shard), self._recorder(shard))
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client.stop()
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+    def _recorder(self, shard: int) -> Callable[[bytes | None, Any], None]:
+        def record(data: bytes | None, _stat: Any) -> None:
+            node: str | None = None
+            epoch: int | None = None
+            status: str | None = None
+            if data:
+                try:
+                    value = json.loads(data)
+                    node, epoch, status = value["node"], int(value["epoch"]), value.get("status")
+                except (ValueError, KeyError, TypeError):
+                    node, status = f"<unreadable {data[:60]!r}>", "unreadable"
+            with self._lock:
+                self._seen.append(LeaderObservation(time.time(), shard, node, epoch, status))
+
+        return record
+
+    def observations(self) -> list[LeaderObservation]:
+        with self._lock:
+            return list(self._seen)
+
+    def current(self, shard: int) -> str | None:
+        """The node last seen leading `shard`, or None."""
+        for seen in reversed(self.observations()):
+            if seen.shard == shard:
+                return seen.node
+        return None
+
+    def violations(self) -> list[str]:
+        """Leader changes that break "one leader per epoch, epochs only grow" per shard."""
+        return leader_violations(self.observations())
+
+
+def leader_violations(observations: Iterable[LeaderObservation]) -> list[str]:
+    """Per shard, in observation order: an epoch never comes back with another node, and
+    never goes backwards."""
+    problems: list[str] = []
+    last: dict[int, LeaderObservation] = {}
+    for seen in observations:
+        if seen.node is None or seen.epoch is None:
+            continue
+        before = last.get(seen.shard)
+        if before is not None and before.epoch is not None:
+            if seen.epoch == before.epoch and seen.node != before.node:
+                problems.append(
+                    f"shard {seen.shard}: epoch {seen.epoch} held by {before.node} and then "
+                    f"by {seen.node} (at {seen.at:.3f})"
+                )
+            elif seen.epoch < before.epoch:
+                problems.append(
+                    f"shard {seen.shard}: epoch went back from {before.epoch} ({before.node}) "
+                    f"to {seen.epoch} ({seen.node}) at {seen.at:.3f}"
+                )
+        last[seen.shard] = seen
+    return problems
+
+
+# -- checks over the daemons' logs and WALs -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One `fenced.checkpoint_committed` event of a daemon's log."""
+
+    at: float
+    node: str
+    shard: int
+    pipeline: str
+    epoch: int
+
+
+def log_events(log_path: Path, names: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON log lines of `log_path` whose `event` is one of `names` (others skipped)."""
+    wanted = set(names)
+    found: list[dict[str, Any]] = []
+    if not log_path.exists():
+        return found
+    for line in log_path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value.get("event") in wanted:
+            found.append(value)
+    return found
+
+
+def _unix(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def read_commits(logs: Mapping[str, Path]) -> list[Commit]:
+    """Every checkpoint commit of every node (node name -> its log file), in time order."""
+    commits = [
+        Commit(_unix(e["timestamp"]), node, int(e["shard"]), str(e["pipeline"]), int(e["epoch"]))
+        for node, path in logs.items()
+        for e in log_events(path, ["fenced.checkpoint_committed"])
+    ]
+    return sorted(commits, key=lambda c: c.at)
+
+
+def commit_violations(
+    commits: Iterable[Commit], observations: Iterable[LeaderObservation] = ()
+) -> list[str]:
+    """Commits that show a doubled leader: one (shard, epoch) committed by two nodes, a
+    shard's epochs going backwards in commit order, or a commit by a node the watcher saw
+    holding that epoch under another name."""
+    problems: list[str] = []
+    owner: dict[tuple[int, int], str] = {}
+    latest: dict[tuple[int, str], Commit] = {}
+    watched = {(o.shard, o.epoch): o.node for o in observations if o.epoch is not None}
+    for c in commits:
+        first = owner.setdefault((c.shard, c.epoch), c.node)
+        if first != c.node:
+            problems.append(
+                f"shard {c.shard} epoch {c.epoch}: checkpoints committed by {first} and {c.node}"
+            )
+        before = latest.get((c.shard, c.pipeline))
+        if before is not None and c.epoch < before.epoch:
+            problems.append(
+                f"shard {c.shard} {c.pipeline}: {c.node} committed epoch {c.epoch} after "
+                f"{before.node} committed epoch {before.epoch}"
+            )
+        latest[(c.shard, c.pipeline)] = c
+        seen = watched.get((c.shard, c.epoch))
+        if seen is not None and seen != c.node:
+            problems.append(
+                f"shard {c.shard} epoch {c.epoch}: {c.node} committed but the leader znode "
+                f"named {seen}"
+            )
+    return problems
+
+
+@dataclass(frozen=True)
+class WalCheck:
+    """`python -m wal verify` on one WAL directory."""
+
+    directory: Path
+    exit_code: int
+    output: str
+    quarantined: tuple[str, ...]
+
+    @property
+    def torn_tail(self) -> bool:
+        return "TORN TAIL" in self.output
+
+    @property
+    def damaged(self) -> bool:
+        return self.exit_code not in (0, 1) or "CORRUPT" in self.output or bool(self.quarantined)
+
+
+def wal_directories(data_dirs: Iterable[Path]) -> list[Path]:
+    """Every `<data_dir>/wal/<shard>/<pipeline>` directory."""
+    return sorted(p for d in data_dirs for p in (d / "wal").glob("*/*") if p.is_dir())
+
+
+def verify_wals(data_dirs: Iterable[Path], timeout: float = 60.0) -> list[WalCheck]:
+    """Run `python -m wal verify` on every WAL directory of `data_dirs` (daemons stopped)."""
+    checks = []
+    for directory in wal_directories(data_dirs):
+        done = subprocess.run(
+            [sys.executable, "-m", "wal", "verify", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        quarantined = tuple(sorted(p.name for p in directory.glob("*.corrupt")))
+        checks.append(WalCheck(directory, done.returncode, done.stdout + done.stderr, quarantined))
+    return checks
+
+
+def repaired_corruption(logs: Mapping[str, Path]) -> list[str]:
+    """`wal.repaired` events (WAL opened after a crash) whose report names a corruption."""
+    return [
+        f"{node}: {e.get('directory')}: {e.get('report')}"
+        for node, path in logs.items()
+        for e in log_events(path, ["wal.repaired"])
+        if "corruption=None" not in str(e.get("report"))
+    ]
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the schedule: when it began (seconds into the run), what, on whom, and
+    how it went (`applied`, `refused: …`, `skipped: …` or `error: …`)."""
+
+    at: float
+    kind: str
+    target: str
+    outcome: str
+    seconds: float
+
+
+@dataclass
+class ChaosTargets:
+    """What the driver may break. `broker_lock` is held while the broker restarts, so a
+    producer holding it never sees the restart mid-batch."""
+
+    cluster: LocalCluster
+    zookeeper: ZooKeeperEnsemble
+    broker: KafkaBroker
+    clickhouse: ClickHouseService
+    coordinator: Coordinator
+    shards: list[int]
+    broker_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ChaosDriver:
+    """Applies a seeded schedule of bounded faults to `targets`; `faults` is the record."""
+
+    def __init__(
+        self,
+        targets: ChaosTargets,
+        seed: int,
+        *,
+        session_timeout: float,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.targets = targets
+        self.seed = seed
+        self.session_timeout = session_timeout
+        self.rng = random.Random(seed)
+        self.say = say
+        self.faults: list[Fault] = []
+        self.unplanned_exits: list[str] = []
+        self._began = time.monotonic()
+        self._actions: dict[str, Callable[[], tuple[str, str]]] = {
+            "kill_leader": self._kill_leader,
+            "stop_leader": self._stop_leader,
+            "restart_zookeeper_member": self._restart_zookeeper_member,
+            "restart_broker": self._restart_broker,
+            "clickhouse_outage": self._clickhouse_outage,
+            "replace_node": self._replace_node,
+            "failover": self._failover,
+        }
+
+    def run(self, count: int, *, gap: tuple[float, float], deadline: float) -> list[Fault]:
+        """Apply `count` faults with a pause of `gap` seconds between them; stop early at
+        `deadline` (time.monotonic()). Returns the faults applied by this call."""
+        applied: list[Fault] = []
+        for _ in range(count):
+            if time.monotonic() >= deadline:
+                self.say(f"chaos: deadline reached after {len(applied)} faults")
+                break
+            time.sleep(self.rng.uniform(*gap))
+            self._restart_unplanned_exits()
+            applied.append(self.apply(self.rng.choice(KINDS)))
+        return applied
+
+    def apply(self, kind: str) -> Fault:
+        """Apply one fault of `kind` now and wait until it has ended."""
+        start = time.monotonic()
+        try:
+            target, outcome = self._actions[kind]()
+        except Exception as exc:
+            target, outcome = "?", f"error: {exc!r}"
+        fault = Fault(
+            round(start - self._began, 2), kind, target, outcome, round(time.monotonic() - start, 2)
+        )
+        self.faults.append(fault)
+        self.say(
+            f"chaos: #{len(self.faults)} t={fault.at:.1f}s {kind} {target}: {outcome} "
+            f"({fault.seconds:.1f}s)"
+        )
+        return fault
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _node(self, name: str) -> DaemonNode:
+        return self.targets.cluster.nodes[name]
+
+    def _leader(self) -> tuple[int, str] | None:
+        """A random shard and its leader (as ZooKeeper names it), if it has one."""
+        shard = self.rng.choice(self.targets.shards)
+        info = self.targets.coordinator.leader_of(shard)
+        if info is None or info.node not in self.targets.cluster.nodes:
+            return None
+        return shard, info.node
+
+    def _restart_unplanned_exits(self) -> None:
+        """Start daemons that exited although no fault killed them (and record that)."""
+        for name, node in self.targets.cluster.nodes.items():
+            if node.process is not None and not node.alive():
+                code = node.process.exited_with()
+                self.unplanned_exits.append(f"{name} exited with {code}: {node.log_tail(5)}")
+                self.say(f"chaos: {name} exited by itself (code {code}); starting it again")
+                node.start()
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def _kill_leader(self) -> tuple[str, str]:
+        found = self._leader()
+        if found is None:
+            return "-", "skipped: no leader right now"
+        shard, name = found
+        node = self._node(name)
+        node.kill(signal.SIGKILL)
+        down = self.rng.uniform(1.0, 4.0)
+        time.sleep(down)
+        node.start()
+        return f"{name} (leader of shard {shard})", f"applied: SIGKILL, restarted {down:.1f}s later"
+
+    def _stop_leader(self) -> tuple[str, str]:
+        found = self._leader()
+        if found is None:
+            return "-", "skipped: no leader right now"
+        shard, name = found
+        node = self._node(name)
+        frozen = self.session_timeout + 2.0
+        node.kill(signal.SIGSTOP)
+        try:
+            time.sleep(frozen)
+        finally:
+            node.kill(signal.SIGCONT)
+        return f"{name} (leader of shard {shard})", f"applied: SIGSTOP for {frozen:.1f}s"
+
+    def _restart_zookeeper_member(self) -> tuple[str, str]:
+        zk = self.targets.zookeeper
+        # Half of the time the quorum leader, so an election of the ensemble happens too.
+        leader = zk.leader_id()
+        myid = (
+            leader
+            if leader is not None and self.rng.random() < 0.5
+            else self.rng.choice([m.myid for m in zk.members])
+        )
+        role = "leader" if myid == leader else "follower"
+        zk.stop_member(myid, sig=signal.SIGKILL)
+        down = self.rng.uniform(1.0, 3.0)
+        time.sleep(down)
+        zk.start_member(myid, timeout=30.0)
+        return f"zookeeper member {myid} ({role})", f"applied: SIGKILL, back after {down:.1f}s"
+
+    def _restart_broker(self) -> tuple[str, str]:
+        with self.targets.broker_lock:
+            self.targets.broker.restart(timeout=30.0)
+        return "broker", "applied: restarted on s3 storage"
+
+    def _clickhouse_outage(self) -> tuple[str, str]:
+        ch = self.targets.clickhouse
+        how = self.rng.choice(["SIGTERM", "SIGKILL"])
+        if how == "SIGKILL":
+            ch.kill()
+        else:
+            ch.stop()
+        down = self.rng.uniform(5.0, 10.0)
+        time.sleep(down)
+        ch.start(timeout=30.0)
+        return "clickhouse front", f"applied: {how}, down {down:.1f}s"
+
+    def _replace_node(self) -> tuple[str, str]:
+        name = self.rng.choice(sorted(self.targets.cluster.nodes))
+        coordinator = self.targets.coordinator
+        coordinator.mark_replacing(name, reason="chaos", by="chaos")
+        held = self.rng.uniform(3.0, 5.0)
+        try:
+            time.sleep(held)
+        finally:
+            coordinator.clear_replacing(name)
+        return name, f"applied: under replacement for {held:.1f}s"
+
+    def _failover(self) -> tuple[str, str]:
+        shard = self.rng.choice(self.targets.shards)
+        candidates = sorted(
+            name
+            for name, node in self.targets.cluster.nodes.items()
+            if shard in _config_shards(node.config_path)
+        )
+        to = self.rng.choice([None, *candidates])
+        target = f"shard {shard} -> {to or 'any'}"
+        try:
+            self.targets.coordinator.request_failover(shard, to=to, by="chaos", timeout_s=10.0)
+        except FailoverRefused as exc:
+            return target, f"refused: {exc}"
+        return target, "applied: requested"
+
+    # -- healing ----------------------------------------------------------------------------
+
+    def heal(self, timeout: float = 90.0) -> None:
+        """Undo whatever is still broken: continue stopped daemons, clear replacements,
+        start ZooKeeper members, the broker, the ClickHouse front and dead daemons."""
+        t = self.targets
+        for node in t.cluster.nodes.values():
+            if node.alive():
+                node.kill(signal.SIGCONT)
+        for member in t.zookeeper.members:
+            if member.process is None or not member.process.alive():
+                t.zookeeper.start_member(member.myid, timeout=30.0)
+        if not t.broker.healthy():
+            with t.broker_lock:
+                t.broker.restart(timeout=30.0)
+        if not t.clickhouse.healthy():
+            t.clickhouse.stop()
+            t.clickhouse.start(timeout=30.0)
+        for name in list(t.coordinator.replacing()):
+            t.coordinator.clear_replacing(name)
+        self._restart_unplanned_exits()
+        for node in t.cluster.nodes.values():
+            node.wait_up(timeout)
+
+    def summary(self) -> str:
+        """How many faults of each kind were applied, refused or skipped."""
+        counts: dict[str, dict[str, int]] = {}
+        for f in self.faults:
+            result = f.outcome.split(":", 1)[0]
+            counts.setdefault(f.kind, {}).setdefault(result, 0)
+            counts[f.kind][result] += 1
+        parts = [
+            f"{kind} " + "/".join(f"{n} {r}" for r, n in sorted(results.items()))
+            for kind, results in sorted(counts.items())
+        ]
+        return f"seed {self.seed}, {len(self.faults)} faults: " + ", ".join(parts)
+
+
+def _config_shards(config_path: Path) -> list[int]:
+    """The `shards = [...]` of a generated node config."""
+    shards = tomllib.loads(config_path.read_text())["shards"]
+    return [int(s) for s in shards]
