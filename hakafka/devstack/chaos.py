@@ -346,17 +346,21 @@ class ChaosDriver:
         }
 
     def run(self, count: int, *, gap: tuple[float, float], deadline: float) -> list[Fault]:
-        """Apply `count` faults with a pause of `gap` seconds between them; stop early at
-        `deadline` (time.monotonic()). Returns the faults applied by this call."""
-        applied: list[Fault] = []
-        for _ in range(count):
+        """Apply faults until `count` of them were applied (refused or skipped ones do not
+        count; at most 2 x `count` tries), with a pause of `gap` seconds before each; stop
+        early at `deadline` (time.monotonic()). Returns every fault tried by this call."""
+        tried: list[Fault] = []
+        applied = 0
+        while applied < count and len(tried) < 2 * count:
             if time.monotonic() >= deadline:
-                self.say(f"chaos: deadline reached after {len(applied)} faults")
+                self.say(f"chaos: deadline reached after {applied} applied faults")
                 break
             time.sleep(self.rng.uniform(*gap))
             self._restart_unplanned_exits()
-            applied.append(self.apply(self.rng.choice(KINDS)))
-        return applied
+            fault = self.apply(self.rng.choice(KINDS))
+            tried.append(fault)
+            applied += fault.outcome.startswith("applied")
+        return tried
 
     def apply(self, kind: str) -> Fault:
         """Apply one fault of `kind` now and wait until it has ended."""
@@ -453,7 +457,7 @@ class ChaosDriver:
             ch.kill()
         else:
             ch.stop()
-        down = self.rng.uniform(5.0, 10.0)
+        down = self.rng.uniform(5.0, 8.0)
         time.sleep(down)
         ch.start(timeout=30.0)
         return "clickhouse front", f"applied: {how}, down {down:.1f}s"

@@ -1,0 +1,259 @@
+"""Chaos: three daemons, two shards, a seeded schedule of faults; exactly once at the end.
+
+The cluster is n1 (shards 0 and 1), n2 (shard 0) and n3 (shard 1) on a 3-member ZooKeeper
+ensemble, the broker on s3:// storage and a ClickHouse front. A producer writes known records
+(every 97th malformed) while the driver SIGKILLs and SIGSTOPs leaders, restarts ZooKeeper
+members and the broker, stops the ClickHouse front, marks and clears replacements and asks for
+failovers. Then everything is healed and the run must show: every good record in `events`
+exactly once and every bad one in `events_dead_letter` exactly once (by `_partition`,
+`_offset`), no shard ever led by two nodes at once (leader znode epochs, checkpoint commits),
+and no WAL damage.
+
+The seed is printed; `CHAOS_SEED=<seed>` replays the same schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.coordination.session import ZkConfig
+from hakafka.devstack.chaos import (
+    SEED_ENV,
+    ChaosDriver,
+    ChaosTargets,
+    LeadershipWatcher,
+    chaos_seed,
+    commit_violations,
+    read_commits,
+    repaired_corruption,
+    verify_wals,
+)
+from hakafka.devstack.clickhouse import ClickHouseService
+from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from hakafka.devstack.kafka import KafkaBroker
+from hakafka.devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
+from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+NODES = {"n1": [0, 1], "n2": [0], "n3": [1]}
+SHARDS = [0, 1]
+PARTITIONS = 8
+BAD_EVERY = 97
+SESSION_TIMEOUT = 3.0
+DATABASE = "chaos"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One chaos schedule: how many faults, how much data, and the bounds of every phase."""
+
+    name: str
+    faults: int
+    gap: tuple[float, float]  # pause before each fault, seconds
+    chaos_seconds: float  # the fault phase ends at this bound even if faults remain
+    records: int
+    chunk: int
+    chunk_pause: float
+    drain_seconds: float
+    minimum_applied: int
+
+
+SHORT = Variant("short", 8, (1.0, 3.0), 120.0, 30_000, 1_000, 1.5, 150.0, 6)
+LONG = Variant("long", 55, (1.0, 4.0), 1200.0, 300_000, 2_000, 2.0, 300.0, 50)
+
+
+class Producer(threading.Thread):
+    """Produces `records` known records in chunks until done or stopped; a chunk is never
+    in flight while the broker restarts (it holds `lock`)."""
+
+    def __init__(self, bootstrap: str, topic: str, variant: Variant, lock: threading.Lock):
+        super().__init__(name="chaos-producer", daemon=True)
+        self.bootstrap, self.topic, self.variant, self.lock = bootstrap, topic, variant, lock
+        self.produced = Produced()
+        self.error: BaseException | None = None
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        v = self.variant
+        try:
+            for start in range(0, v.records, v.chunk):
+                if self._stop_requested.is_set():
+                    return
+                with self.lock:
+                    self.produced |= produce(
+                        self.bootstrap,
+                        self.topic,
+                        min(v.chunk, v.records - start),
+                        partitions=PARTITIONS,
+                        start=start,
+                        bad_every=BAD_EVERY,
+                    )
+                self._stop_requested.wait(v.chunk_pause)
+        except BaseException as exc:
+            self.error = exc
+
+    def finish(self, timeout: float = 90.0) -> None:
+        self._stop_requested.set()
+        self.join(timeout)
+        assert not self.is_alive(), f"producer still running {timeout:.0f} s after stop"
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # a service that just came back may refuse a request or two
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def distinct_rows(client: Any, table: str) -> int:
+    return int(client.command(f"SELECT uniqExact(_partition, _offset) FROM {table}"))
+
+
+@pytest.mark.timeout(1800)
+def test_chaos_every_record_exactly_once(
+    tmp_path: Path,
+    chaos_long: bool,
+    chaos_zookeeper: ZooKeeperEnsemble,
+    chaos_broker: KafkaBroker,
+    chaos_clickhouse: ClickHouseService,
+) -> None:
+    variant = LONG if chaos_long else SHORT
+    seed = chaos_seed()
+    tag = f"[chaos {variant.name}, {SEED_ENV}={seed}]"
+    print(f"\n{tag} replay with {SEED_ENV}={seed}", flush=True)
+    began = time.monotonic()
+
+    admin = chaos_clickhouse.client()
+    admin.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    topic = f"chaos_{uuid.uuid4().hex[:8]}"
+    zk_root = f"/chaos/{topic}"
+    stack = StackEndpoints(
+        chaos_zookeeper.hosts, chaos_broker.bootstrap, f"127.0.0.1:{chaos_clickhouse.port}"
+    )
+    create_topic(stack.kafka, topic, PARTITIONS)
+    cluster = LocalCluster(
+        tmp_path / "cluster",
+        stack,
+        nodes=NODES,
+        shard_count=len(SHARDS),
+        pipelines=[
+            PipelineSpec(
+                name="events",
+                topic=topic,
+                table=f"{topic}_events",
+                columns=EVENT_COLUMNS,
+                buffer={
+                    "min_rows": 2_000,
+                    "max_rows": 50_000,
+                    "min_bytes": 1,
+                    "min_age": 1,
+                    "max_age": 3,
+                },
+            )
+        ],
+        zk_root=zk_root,
+        database=DATABASE,
+        session_timeout=SESSION_TIMEOUT,
+        rows_per_task=100_000,
+    )
+    table, dead_table = f"{topic}_events", f"{topic}_events_dead_letter"
+    watcher = LeadershipWatcher(stack.zookeeper, zk_root, SHARDS)
+    coordinator = Coordinator(
+        ZkConfig(hosts=stack.zookeeper, root=zk_root, session_timeout_s=6.0),
+        "chaos-driver",
+        NodeInfo(host="", http="", flight="", pid=os.getpid(), version="chaos"),
+    )
+    producer: Producer | None = None
+    try:
+        cluster.start(timeout=120.0)
+        cluster.wait_leaders(SHARDS, timeout=120.0)
+        watcher.start()
+        coordinator.start()
+        targets = ChaosTargets(
+            cluster, chaos_zookeeper, chaos_broker, chaos_clickhouse, coordinator, SHARDS
+        )
+        driver = ChaosDriver(targets, seed, session_timeout=SESSION_TIMEOUT)
+        producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
+        producer.start()
+        driver.run(
+            variant.faults, gap=variant.gap, deadline=time.monotonic() + variant.chaos_seconds
+        )
+        producer.finish()
+        assert producer.error is None, f"{tag} producer failed: {producer.error!r}"
+        good, bad = producer.produced.good, producer.produced.bad
+        chaos_done = time.monotonic()
+
+        driver.heal()
+        cluster.wait_leaders(SHARDS, timeout=120.0)
+        client = chaos_clickhouse.client(database=DATABASE)
+        wait_for(
+            lambda: distinct_rows(client, table) >= len(good),
+            variant.drain_seconds,
+            f"{tag} every good record in {table} ({len(good)})",
+        )
+        wait_for(
+            lambda: distinct_rows(client, dead_table) >= len(bad),
+            60,
+            f"{tag} every bad record in {dead_table} ({len(bad)})",
+        )
+        time.sleep(4)  # one more flush cycle: nothing may arrive twice afterwards
+        rows = tally(client, table, good)
+        dead = tally(client, dead_table, bad)
+        cluster.stop()
+
+        logs = {name: node.log_path for name, node in cluster.nodes.items()}
+        doubled = watcher.violations() + commit_violations(
+            read_commits(logs), watcher.observations()
+        )
+        wals = verify_wals(node.root / name for name, node in cluster.nodes.items())
+        damaged = [w for w in wals if w.damaged] + repaired_corruption(logs)
+        commits = read_commits(logs)
+        print(
+            f"{tag} {driver.summary()}\n"
+            f"{tag} records: {len(good)} good, {len(bad)} bad; {table}: {rows}; "
+            f"{dead_table}: {dead}\n"
+            f"{tag} leader changes seen: {len(watcher.observations())}, checkpoint commits: "
+            f"{len(commits)} over epochs {sorted({(c.shard, c.epoch) for c in commits})}\n"
+            f"{tag} WAL dirs: {len(wals)}, torn tails (expected after SIGKILL): "
+            f"{sum(w.torn_tail for w in wals)}, damaged: {len(damaged)}\n"
+            f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
+            flush=True,
+        )
+        applied = [f for f in driver.faults if f.outcome.startswith("applied")]
+        errors = [f for f in driver.faults if f.outcome.startswith("error")]
+        assert rows.exactly_once, f"{tag} {table}: {rows}"
+        assert dead.exactly_once, f"{tag} {dead_table}: {dead}"
+        assert not doubled, f"{tag} doubled leadership: {doubled}"
+        assert not damaged, f"{tag} WAL damage: {damaged}"
+        assert not errors, f"{tag} faults that could not be applied: {errors}"
+        assert not driver.unplanned_exits, (
+            f"{tag} daemons died by themselves: {driver.unplanned_exits}"
+        )
+        assert len(good) > 0 and len(bad) > 0
+        assert len(applied) >= variant.minimum_applied, (
+            f"{tag} only {len(applied)} faults applied: {driver.faults}"
+        )
+    finally:
+        if producer is not None and producer.is_alive():
+            producer.finish()
+        watcher.stop()
+        coordinator.close()
+        cluster.stop()
+        admin.close()
