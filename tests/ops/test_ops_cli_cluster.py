@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from hakafka.devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
-from hakafka.devstack.records import create_topic, produce, tally
+from hakafka.devstack.records import create_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -52,7 +52,8 @@ def zk_epochs(hosts: str, root: str) -> list[tuple[bytes, int]]:
         zk.close()
 
 
-def test_init_status_query_and_wal(
+def test_every_command_on_a_two_node_cluster(
+    *,
     make_cluster: Any,
     stack: StackEndpoints,
     topic_prefix: str,
@@ -80,11 +81,27 @@ def test_init_status_query_and_wal(
 
     cluster.start()
     leaders = cluster.wait_leaders(SHARDS)
+
+    # failover: shard 1 moves to the node that does not lead shard 0, and reports the time.
+    target = "n2" if leaders[0] == "n1" else "n1"
+    refused = hakafka("failover", "--config", config, "--shard", "1", "--to", "nope")
+    assert refused.code == 1 and "nope is not registered" in refused.err
+    if leaders[1] != target:
+        moved = hakafka("failover", "--config", config, "--shard", "1", "--to", target, "--json")
+        assert moved.code == 0, moved.err
+        handover = json.loads(moved.out)
+        assert handover["previous"] == leaders[1] and handover["leader"] == target
+        assert 0 < handover["seconds"] < 60
+    same = hakafka("failover", "--config", config, "--shard", "1", "--to", target)
+    assert same.code == 1 and f"{target} already leads it" in same.err
+    usage = hakafka("failover", "--config", config, "--shard", "7")
+    assert usage.code == 2 and "shards 0..1" in usage.err
+    leaders = cluster.wait_leaders(SHARDS)
+    assert leaders == {0: leaders[0], 1: target}
+
     produced = produce(stack.kafka, topic, 20_000, partitions=PARTITIONS)
     leader_nodes = {cluster.nodes[n] for n in leaders.values()}
-    wait_for(
-        lambda: sum(buffered_rows(n) for n in leader_nodes) == 20_000, 90, "20k buffered rows"
-    )
+    wait_for(lambda: sum(buffered_rows(n) for n in leader_nodes) == 20_000, 90, "20k buffered rows")
     time.sleep(1.5)  # one more poll of every partition: the lag reads 0 everywhere
 
     status = hakafka("status", "--config", config, "--json")
@@ -119,6 +136,7 @@ def test_init_status_query_and_wal(
     counts = hakafka("query", "--config", config, "--json", "SELECT count(*) AS n FROM events")
     assert counts.code == 0, counts.err
     assert [row["n"] for row in json.loads(counts.out)] == [10_000, 10_000]
+    assert counts.err == ""
     csv = hakafka(
         "query", "--config", config, "--shard", "1", "--format", "csv",
         "SELECT count(*) AS n FROM events WHERE _partition % 2 = 1",
@@ -147,9 +165,57 @@ def test_init_status_query_and_wal(
     leader = cluster.nodes[leaders[0]]
     verify = hakafka("wal", "verify", "--config", str(leader.config_path))
     assert verify.code == 0, verify.err
-    assert verify.out.count("OK: ") == len([s for s, n in leaders.items() if n == leader.name])
+    shard0 = [
+        line for line in verify.out.splitlines() if line.startswith("OK: ") and "/wal/0/" in line
+    ]
+    assert len(shard0) == 1 and " 0 record(s)" not in shard0[0], verify.out
     inspect = hakafka("wal", "inspect", "--config", str(leader.config_path), "--pipeline", "events")
     assert inspect.code == 0, inspect.err
     assert "total: " in inspect.out and "record(s)" in inspect.out
     unknown = hakafka("wal", "verify", "--config", config, "--pipeline", "nope")
     assert unknown.code == 2 and "events" in unknown.err
+
+    # /metrics: Prometheus text that prometheus-client parses, with what operators graph.
+    code, body = leader.get("/metrics")
+    assert code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+    by_name: dict[str, float] = {}
+    for (name, _labels), value in samples.items():
+        by_name[name] = by_name.get(name, 0.0) + value
+    assert by_name["hakafka_consumed_rows_total"] == 10_000
+    assert by_name["hakafka_consumed_bytes_total"] > 10_000 * 20
+    assert by_name["hakafka_wal_bytes_total"] > 0 and by_name["hakafka_wal_syncs_total"] > 0
+    # hakafka_buffer_rows is left out: the pipeline sets it from the open (unsealed) rows
+    # only, so it reads 0 while /status shows 10000 buffered rows (reported to the lead).
+    assert by_name["hakafka_buffer_bytes"] > 0
+    assert by_name["hakafka_leader"] == 1
+    lag = {k[1]: v for k, v in samples.items() if k[0] == "hakafka_kafka_lag"}
+    shard0_lag = {dict(k)["partition"]: v for k, v in lag.items() if dict(k)["shard"] == "0"}
+    assert shard0_lag == {"0": 0, "2": 0, "4": 0, "6": 0}
+    assert leader.get("/health")[0] == 200 and leader.get("/ready")[0] == 200
+
+    # node replace --start on a leader moves its shard and says where; --done clears it.
+    victim = leaders[1]
+    start = hakafka(
+        "node", "replace", victim, "--config", config, "--start", "--reason", "disk swap", "--json"
+    )
+    assert start.code == 0, start.err
+    replaced = json.loads(start.out)
+    assert [(m["shard"], m["previous"]) for m in replaced["moved"]] == [(1, victim)]
+    assert replaced["moved"][0]["leader"] == leaders[0]
+    assert cluster.wait_leaders(SHARDS) == {0: leaders[0], 1: leaders[0]}
+    blocked = hakafka("failover", "--config", config, "--shard", "0", "--to", victim)
+    assert blocked.code == 1 and "under replacement" in blocked.err and "disk swap" in blocked.err
+    flagged = json.loads(hakafka("status", "--config", config, "--json").out)
+    marks = {n["node"]: n["replacing"] for n in flagged["nodes"]}
+    assert marks[victim]["reason"] == "disk swap" and marks[leaders[0]] is None
+    done = hakafka("node", "replace", victim, "--config", config, "--done")
+    assert done.code == 0 and "no longer under replacement" in done.out
+    again = hakafka("node", "replace", victim, "--config", config, "--done")
+    assert again.code == 0 and "was not under replacement" in again.out
+    cleared = json.loads(hakafka("status", "--config", config, "--json").out)
+    assert all(n["replacing"] is None for n in cleared["nodes"])
