@@ -165,7 +165,12 @@ class Daemon:
         )
         self.runners = [
             ShardRunner(
-                shard, self.coordinator, self._pipelines_for(shard), self.metrics, FLUSH_GRACE_S
+                shard,
+                self.coordinator,
+                self._pipelines_for(shard),
+                metrics=self.metrics,
+                flush_grace_s=FLUSH_GRACE_S,
+                warm_up=self.spark.start,
             )
             for shard in config.shards
         ]

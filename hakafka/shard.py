@@ -49,14 +49,17 @@ class ShardRunner:
         shard: int,
         coordinator: Coordinator,
         make_pipelines: Callable[[Leadership], list[PipelineLeader]],
+        *,
         metrics: Metrics,
         flush_grace_s: float,
+        warm_up: Callable[[], object] | None = None,
     ) -> None:
         self.shard = shard
         self._coordinator = coordinator
         self._make_pipelines = make_pipelines
         self._metrics = metrics
         self._grace = flush_grace_s
+        self._warm_up = warm_up
         self._events: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"shard-{shard}", daemon=True)
         self.leadership: Leadership | None = None
@@ -128,6 +131,9 @@ class ShardRunner:
 
     def _start_pipelines(self) -> None:
         assert self.leadership is not None
+        if self._warm_up is not None:
+            # A Spark session takes seconds to start: begin now, not at the first flush.
+            threading.Thread(target=self._warm_up, name="spark-warm-up", daemon=True).start()
         self.leading_since = time.time()
         self.pipelines = self._make_pipelines(self.leadership)
         for p in self.pipelines:
