@@ -335,6 +335,7 @@ class ChaosDriver:
         self.faults: list[Fault] = []
         self.unplanned_exits: list[str] = []
         self._began = time.monotonic()
+        self._deck: list[str] = []
         self._actions: dict[str, Callable[[], tuple[str, str]]] = {
             "kill_leader": self._kill_leader,
             "stop_leader": self._stop_leader,
@@ -357,10 +358,18 @@ class ChaosDriver:
                 break
             time.sleep(self.rng.uniform(*gap))
             self._restart_unplanned_exits()
-            fault = self.apply(self.rng.choice(KINDS))
+            fault = self.apply(self._next_kind())
             tried.append(fault)
             applied += fault.outcome.startswith("applied")
         return tried
+
+    def _next_kind(self) -> str:
+        """Kinds are dealt from a shuffled deck of all of them, so a short run still covers
+        every kind and a long one covers them evenly."""
+        if not self._deck:
+            self._deck = list(KINDS)
+            self.rng.shuffle(self._deck)
+        return self._deck.pop()
 
     def apply(self, kind: str) -> Fault:
         """Apply one fault of `kind` now and wait until it has ended."""

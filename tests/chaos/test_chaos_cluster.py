@@ -69,8 +69,8 @@ class Variant:
     minimum_applied: int
 
 
-SHORT = Variant("short", 8, (1.0, 3.0), 120.0, 30_000, 1_000, 1.5, 150.0, 6)
-LONG = Variant("long", 55, (1.0, 4.0), 1200.0, 300_000, 2_000, 2.0, 300.0, 50)
+SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 30_000, 1_000, 1.5, 150.0, 6)
+LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 300_000, 2_000, 2.0, 300.0, 50)
 
 
 class Producer(threading.Thread):
@@ -230,7 +230,7 @@ def test_chaos_every_record_exactly_once(
             f"{tag} records: {len(good)} good, {len(bad)} bad; {table}: {rows}; "
             f"{dead_table}: {dead}\n"
             f"{tag} leader changes seen: {len(watcher.observations())}, checkpoint commits: "
-            f"{len(commits)} over epochs {sorted({(c.shard, c.epoch) for c in commits})}\n"
+            f"{len(commits)}, (shard, epoch, node): {sorted({(c.shard, c.epoch, c.node) for c in commits})}\n"
             f"{tag} WAL dirs: {len(wals)}, torn tails (expected after SIGKILL): "
             f"{sum(w.torn_tail for w in wals)}, damaged: {len(damaged)}\n"
             f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
