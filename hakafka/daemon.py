@@ -305,6 +305,9 @@ class Daemon:
         return f"{roles}; lag {lag}"
 
     def _update_lag_metrics(self) -> None:
+        # Rebuilt each time: a shard this node stopped leading must not keep its old values.
+        self.metrics.kafka_lag.clear()
+        self.metrics.checkpoint_lag.clear()
         for runner in self.runners:
             for p in runner.pipelines:
                 labels = {"pipeline": p.pipeline.name, "shard": str(runner.shard)}

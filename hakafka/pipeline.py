@@ -440,8 +440,12 @@ class PipelineLeader:
             m.consumer.count_decoded(self.pipeline.name, self.pipeline.on_error, decoded)
             if decoded.dead_letters is not None:
                 m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
-        m.buffer_rows.labels(**labels).set(self.buffer.rows.stats().rows)
-        m.buffer_bytes.labels(**labels).set(self.buffer.nbytes)
+        self._publish_buffer_gauges()
+
+    def _publish_buffer_gauges(self, released: bool = False) -> None:
+        rows = 0 if released else self.buffer.rows.snapshot().rows
+        self._metrics.buffer_rows.labels(**self._labels).set(rows)
+        self._metrics.buffer_bytes.labels(**self._labels).set(0 if released else self.buffer.nbytes)
 
     def _append_blocking(
         self, rows: Any, dead: Any, ranges: dict[tuple[str, int], OffsetRange]
@@ -540,8 +544,7 @@ class PipelineLeader:
             m.flushes.labels(**self._labels, result="ok").inc()
             m.flush_rows.labels(**self._labels).inc(result.rows.rows)
             m.flush_seconds.labels(**self._labels).observe(took)
-            m.buffer_rows.labels(**self._labels).set(self.buffer.rows.stats().rows)
-            m.buffer_bytes.labels(**self._labels).set(self.buffer.nbytes)
+            self._publish_buffer_gauges()
             self._log.info(
                 "flush.committed",
                 block=block.block_id,
@@ -609,6 +612,7 @@ class PipelineLeader:
         wal, self._wal = self._wal, None
         if wal is not None:
             wal.close()
+        self._publish_buffer_gauges(released=True)
         for name in self._registered:
             self._catalog.remove(name)
         self._registered.clear()
