@@ -25,7 +25,9 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +47,7 @@ from hakafka.coordination.errors import FailoverRefused
 from hakafka.devstack.clickhouse import ClickHouseService
 from hakafka.devstack.cluster import DaemonNode, LocalCluster
 from hakafka.devstack.kafka import KafkaBroker
+from hakafka.devstack.process import LOOPBACK, DevstackError, ManagedProcess, wait_until
 from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 SEED_ENV = "CHAOS_SEED"
@@ -287,6 +290,173 @@ def repaired_corruption(logs: Mapping[str, Path]) -> list[str]:
     ]
 
 
+# -- a daemon in its own network namespace ----------------------------------------------------
+
+
+def netns_unavailable() -> str | None:
+    """Why a daemon cannot run in a network namespace of its own here, or None if it can."""
+    if os.geteuid() != 0:
+        return "not root: creating a network namespace and a veth pair needs CAP_NET_ADMIN"
+    if shutil.which("ip") is None:
+        return "iproute2 is not installed (no `ip` command): apt-get install iproute2"
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode != 0:
+        raise DevstackError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+
+
+class NetworkNamespace:
+    """A network namespace joined to the root one by a veth pair (`root_addr`/30 on our side,
+    `ns_addr` inside), with TCP forwarders so that a daemon inside reaches the services on
+    127.0.0.1 of the root namespace, and the tests reach its admin port, at the same
+    addresses as everywhere else. `cut` takes the veth link down: nothing gets through either
+    way until `heal`. Only the loopback addresses and this veth pair ever carry traffic."""
+
+    def __init__(
+        self,
+        name: str,
+        root: Path,
+        *,
+        root_addr: str = "10.213.0.1",
+        ns_addr: str = "10.213.0.2",
+    ) -> None:
+        self.name = paths.check_name("namespace", name)
+        self.root = root
+        self.root_addr, self.ns_addr = root_addr, ns_addr
+        self.veth_root, self.veth_ns = f"{name[:13]}a", f"{name[:13]}b"
+        self.forwarders: list[ManagedProcess] = []
+        self._created = False
+
+    @property
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def create(self) -> None:
+        """Create the namespace and the veth pair (raises DevstackError saying what failed)."""
+        _ip("netns", "add", self.name)
+        self._created = True
+        _ip("link", "add", self.veth_root, "type", "veth", "peer", "name", self.veth_ns)
+        _ip("link", "set", self.veth_ns, "netns", self.name)
+        _ip("addr", "add", f"{self.root_addr}/30", "dev", self.veth_root)
+        _ip("link", "set", self.veth_root, "up")
+        inside = ["netns", "exec", self.name, "ip"]
+        _ip(*inside, "addr", "add", f"{self.ns_addr}/30", "dev", self.veth_ns)
+        _ip(*inside, "link", "set", self.veth_ns, "up")
+        _ip(*inside, "link", "set", "lo", "up")
+
+    def forward(self, service_ports: Iterable[int], admin_ports: Iterable[int]) -> None:
+        """Start the forwarders: the namespace's 127.0.0.1:<service port> reaches the root's,
+        the root's 127.0.0.1:<admin port> reaches the namespace's."""
+        services, admins = list(service_ports), list(admin_ports)
+        outside = [f"{self.root_addr}:{p}={LOOPBACK}:{p}" for p in services] + [
+            f"{LOOPBACK}:{p}={self.ns_addr}:{p}" for p in admins
+        ]
+        inside = [f"{LOOPBACK}:{p}={self.root_addr}:{p}" for p in services] + [
+            f"{self.ns_addr}:{p}={LOOPBACK}:{p}" for p in admins
+        ]
+        for side, prefix, specs in (("root", [], outside), ("netns", self.exec_prefix, inside)):
+            process = ManagedProcess(
+                name=f"chaos forwarder ({side} side of {self.name})",
+                argv=[*prefix, sys.executable, "-m", "hakafka.devstack.chaos", "forward", *specs],
+                log_path=self.root / f"forward-{self.name}-{side}.log",
+                marker=f"forward {specs[0]}",
+            )
+            process.start()
+            self.forwarders.append(process)
+            process.wait_ready(
+                lambda p=process: FORWARDING in p.log_tail(5),  # type: ignore[misc]
+                timeout=15.0,
+            )
+
+    def start_daemon(self, node: DaemonNode, env: Mapping[str, str] | None = None) -> None:
+        """Start `node`'s `hakafka run` inside the namespace (a new process each time)."""
+        node.process = ManagedProcess(
+            name=f"hakafka daemon {node.name} (netns {self.name})",
+            argv=[
+                *self.exec_prefix,
+                sys.executable,
+                "-m",
+                "hakafka.cli",
+                "run",
+                "--config",
+                str(node.config_path),
+            ],
+            log_path=node.log_path,
+            marker=str(node.config_path),
+            env={"ARROW_DEFAULT_MEMORY_POOL": "jemalloc", **(env or {})},
+        )
+        node.process.start()
+
+    def cut(self) -> None:
+        """Take the veth link down: the namespace is cut off from everything outside it."""
+        _ip("link", "set", self.veth_root, "down")
+
+    def heal(self) -> None:
+        _ip("link", "set", self.veth_root, "up")
+
+    def delete(self) -> None:
+        """Stop the forwarders by PID and delete the namespace (and with it the veth pair)."""
+        for process in self.forwarders:
+            process.stop()
+        self.forwarders = []
+        if self._created:
+            with contextlib.suppress(DevstackError):
+                _ip("netns", "delete", self.name)
+            with contextlib.suppress(DevstackError):
+                _ip("link", "delete", self.veth_root)
+            self._created = False
+
+
+FORWARDING = "forwarding:"
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def _serve(listener: socket.socket, target: tuple[str, int]) -> None:
+    while True:
+        client, _ = listener.accept()
+        try:
+            upstream = socket.create_connection(target, timeout=5.0)
+        except OSError:
+            client.close()
+            continue
+        upstream.settimeout(None)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, port = text.rsplit(":", 1)
+    return host, int(port)
+
+
+def forward_main(specs: Iterable[str]) -> None:
+    """Forward TCP for each `listen_host:port=target_host:port` until killed."""
+    threads = []
+    for spec in specs:
+        listen, target = spec.split("=", 1)
+        listener = socket.create_server(_address(listen), reuse_port=False)
+        threads.append(
+            threading.Thread(target=_serve, args=(listener, _address(target)), daemon=True)
+        )
+    for thread in threads:
+        thread.start()
+    print(f"{FORWARDING} {' '.join(specs)}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
 # -- the driver -------------------------------------------------------------------------------
 
 
@@ -305,7 +475,8 @@ class Fault:
 @dataclass
 class ChaosTargets:
     """What the driver may break. `broker_lock` is held while the broker restarts, so a
-    producer holding it never sees the restart mid-batch."""
+    producer holding it never sees the restart mid-batch. With `netns`, daemon `netns_node`
+    runs inside that network namespace and the driver also partitions it for real."""
 
     cluster: LocalCluster
     zookeeper: ZooKeeperEnsemble
@@ -314,6 +485,36 @@ class ChaosTargets:
     coordinator: Coordinator
     shards: list[int]
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
+    netns: NetworkNamespace | None = None
+    netns_node: str | None = None
+
+    def start_node(self, name: str) -> None:
+        """Start daemon `name` (inside the namespace if it is the namespaced one)."""
+        node = self.cluster.nodes[name]
+        if self.netns is not None and name == self.netns_node:
+            self.netns.start_daemon(node)
+        else:
+            node.start()
+
+    def start_cluster(self, timeout: float = 120.0) -> None:
+        for name in self.cluster.nodes:
+            self.start_node(name)
+        for node in self.cluster.nodes.values():
+            node.wait_up(timeout)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One real network partition of the namespaced node: the shards it led when cut off,
+    whether another node led and consumed each of them before the link came back, and the
+    checkpoints it committed while cut off (after the session timeout: must be none)."""
+
+    node: str
+    led: tuple[int, ...]
+    cut_at: float
+    healed_at: float
+    taken_over: bool
+    commits_while_cut: tuple[Commit, ...]
 
 
 class ChaosDriver:
@@ -334,6 +535,8 @@ class ChaosDriver:
         self.say = say
         self.faults: list[Fault] = []
         self.unplanned_exits: list[str] = []
+        self.partitions: list[Partition] = []
+        self.kinds = KINDS + (("partition_node",) if targets.netns is not None else ())
         self._began = time.monotonic()
         self._deck: list[str] = []
         self._actions: dict[str, Callable[[], tuple[str, str]]] = {
@@ -344,6 +547,7 @@ class ChaosDriver:
             "clickhouse_outage": self._clickhouse_outage,
             "replace_node": self._replace_node,
             "failover": self._failover,
+            "partition_node": self._partition_node,
         }
 
     def run(self, count: int, *, gap: tuple[float, float], deadline: float) -> list[Fault]:
@@ -367,7 +571,7 @@ class ChaosDriver:
         """Kinds are dealt from a shuffled deck of all of them, so a short run still covers
         every kind and a long one covers them evenly."""
         if not self._deck:
-            self._deck = list(KINDS)
+            self._deck = list(self.kinds)
             self.rng.shuffle(self._deck)
         return self._deck.pop()
 
@@ -408,7 +612,7 @@ class ChaosDriver:
                 code = node.process.exited_with()
                 self.unplanned_exits.append(f"{name} exited with {code}: {node.log_tail(5)}")
                 self.say(f"chaos: {name} exited by itself (code {code}); starting it again")
-                node.start()
+                self.targets.start_node(name)
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -421,7 +625,7 @@ class ChaosDriver:
         node.kill(signal.SIGKILL)
         down = self.rng.uniform(1.0, 4.0)
         time.sleep(down)
-        node.start()
+        self.targets.start_node(name)
         return f"{name} (leader of shard {shard})", f"applied: SIGKILL, restarted {down:.1f}s later"
 
     def _stop_leader(self) -> tuple[str, str]:
@@ -497,12 +701,54 @@ class ChaosDriver:
             return target, f"refused: {exc}"
         return target, "applied: requested"
 
+    def _partition_node(self) -> tuple[str, str]:
+        t = self.targets
+        assert t.netns is not None and t.netns_node is not None
+        name = t.netns_node
+        led = tuple(
+            s for s in t.shards if (info := t.coordinator.leader_of(s)) and info.node == name
+        )
+
+        def taken_over() -> bool:
+            for shard in led:
+                info = t.coordinator.leader_of(shard)
+                if info is None or info.node == name or info.status != "consuming":
+                    return False
+            return True
+
+        cut_at = time.time()
+        t.netns.cut()
+        took = True
+        try:
+            try:
+                wait_until(taken_over, timeout=45.0, what="takeover", interval=0.5)
+            except DevstackError:
+                took = False
+            time.sleep(self.rng.uniform(1.0, 3.0))
+        finally:
+            t.netns.heal()
+        healed_at = time.time()
+        fence = cut_at + self.session_timeout
+        during = tuple(
+            c
+            for c in read_commits({name: t.cluster.nodes[name].log_path})
+            if fence < c.at < healed_at
+        )
+        self.partitions.append(Partition(name, led, cut_at, healed_at, took, during))
+        return (
+            f"{name} (leading shards {list(led)})",
+            f"applied: cut off {healed_at - cut_at:.1f}s, "
+            f"{'taken over' if took else 'NOT taken over'}, {len(during)} commits while cut",
+        )
+
     # -- healing ----------------------------------------------------------------------------
 
     def heal(self, timeout: float = 90.0) -> None:
         """Undo whatever is still broken: continue stopped daemons, clear replacements,
         start ZooKeeper members, the broker, the ClickHouse front and dead daemons."""
         t = self.targets
+        if t.netns is not None:
+            t.netns.heal()
         for node in t.cluster.nodes.values():
             if node.alive():
                 node.kill(signal.SIGCONT)
@@ -539,3 +785,9 @@ def _config_shards(config_path: Path) -> list[int]:
     """The `shards = [...]` of a generated node config."""
     shards = tomllib.loads(config_path.read_text())["shards"]
     return [int(s) for s in shards]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["forward"] or len(sys.argv) < 3:
+        sys.exit("usage: python -m hakafka.devstack.chaos forward LHOST:LPORT=THOST:TPORT ...")
+    forward_main(sys.argv[2:])

@@ -7,7 +7,9 @@ members and the broker, stops the ClickHouse front, marks and clears replacement
 failovers. Then everything is healed and the run must show: every good record in `events`
 exactly once and every bad one in `events_dead_letter` exactly once (by `_partition`,
 `_offset`), no shard ever led by two nodes at once (leader znode epochs, checkpoint commits),
-and no WAL damage.
+and no WAL damage. Where the machine allows it (root and iproute2), n1 runs in a network
+namespace of its own behind a veth pair, and the driver also cuts that link: the partitioned
+leader must stop committing and another node must take over its shards.
 
 The seed is printed; `CHAOS_SEED=<seed>` replays the same schedule.
 """
@@ -18,6 +20,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +35,10 @@ from hakafka.devstack.chaos import (
     ChaosDriver,
     ChaosTargets,
     LeadershipWatcher,
+    NetworkNamespace,
     chaos_seed,
     commit_violations,
+    netns_unavailable,
     read_commits,
     repaired_corruption,
     verify_wals,
@@ -41,6 +46,7 @@ from hakafka.devstack.chaos import (
 from hakafka.devstack.clickhouse import ClickHouseService
 from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from hakafka.devstack.kafka import KafkaBroker
+from hakafka.devstack.process import DevstackError
 from hakafka.devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
 from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
@@ -52,6 +58,7 @@ PARTITIONS = 8
 BAD_EVERY = 97
 SESSION_TIMEOUT = 3.0
 DATABASE = "chaos"
+NETNS_NODE = "n1"  # runs in its own network namespace where the machine allows it
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,29 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: flo
         time.sleep(interval)
 
 
+def make_namespace(
+    tmp_path: Path, cluster: LocalCluster, stack: StackEndpoints
+) -> tuple[NetworkNamespace | None, str]:
+    """A network namespace for NETNS_NODE with forwarders to every service, or None and why
+    not (then the run goes on without real partitions)."""
+    reason = netns_unavailable()
+    if reason is not None:
+        return None, reason
+    netns = NetworkNamespace(f"hkc{os.getpid() % 100_000}", tmp_path)
+    node = cluster.nodes[NETNS_NODE]
+    services = [
+        int(hp.rsplit(":", 1)[1])
+        for hp in (*stack.zookeeper.split(","), stack.kafka, stack.clickhouse)
+    ]
+    try:
+        netns.create()
+        netns.forward(services, [node.http_port, node.flight_port])
+    except DevstackError as exc:
+        netns.delete()
+        return None, f"could not set up the network namespace: {exc}"
+    return netns, ""
+
+
 def distinct_rows(client: Any, table: str) -> int:
     return int(client.command(f"SELECT uniqExact(_partition, _offset) FROM {table}"))
 
@@ -181,17 +211,28 @@ def test_chaos_every_record_exactly_once(
         NodeInfo(host="", http="", flight="", pid=os.getpid(), version="chaos"),
     )
     producer: Producer | None = None
+    netns, netns_skipped = make_namespace(tmp_path, cluster, stack)
     try:
-        cluster.start(timeout=120.0)
-        cluster.wait_leaders(SHARDS, timeout=120.0)
-        watcher.start()
         coordinator.start()
         targets = ChaosTargets(
-            cluster, chaos_zookeeper, chaos_broker, chaos_clickhouse, coordinator, SHARDS
+            cluster,
+            chaos_zookeeper,
+            chaos_broker,
+            chaos_clickhouse,
+            coordinator,
+            SHARDS,
+            netns=netns,
+            netns_node=NETNS_NODE if netns is not None else None,
         )
+        targets.start_cluster(timeout=120.0)
+        cluster.wait_leaders(SHARDS, timeout=120.0)
+        watcher.start()
         driver = ChaosDriver(targets, seed, session_timeout=SESSION_TIMEOUT)
         producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
         producer.start()
+        # Faults start once the first leaders have flushed (their Spark sessions are up).
+        client = chaos_clickhouse.client(database=DATABASE)
+        wait_for(lambda: distinct_rows(client, table) > 0, 180, f"{tag} the first flush")
         driver.run(
             variant.faults, gap=variant.gap, deadline=time.monotonic() + variant.chaos_seconds
         )
@@ -225,14 +266,18 @@ def test_chaos_every_record_exactly_once(
         wals = verify_wals(node.root / name for name, node in cluster.nodes.items())
         damaged = [w for w in wals if w.damaged] + repaired_corruption(logs)
         commits = read_commits(logs)
+        cuts = [(c.led, c.taken_over, len(c.commits_while_cut)) for c in driver.partitions]
         print(
             f"{tag} {driver.summary()}\n"
             f"{tag} records: {len(good)} good, {len(bad)} bad; {table}: {rows}; "
             f"{dead_table}: {dead}\n"
             f"{tag} leader changes seen: {len(watcher.observations())}, checkpoint commits: "
-            f"{len(commits)}, (shard, epoch, node): {sorted({(c.shard, c.epoch, c.node) for c in commits})}\n"
+            f"{len(commits)}, (shard, epoch, node): "
+            f"{sorted({(c.shard, c.epoch, c.node) for c in commits})}\n"
             f"{tag} WAL dirs: {len(wals)}, torn tails (expected after SIGKILL): "
             f"{sum(w.torn_tail for w in wals)}, damaged: {len(damaged)}\n"
+            f"{tag} network partitions of {NETNS_NODE}: "
+            f"{netns_skipped or cuts}\n"
             f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
             flush=True,
         )
@@ -247,6 +292,11 @@ def test_chaos_every_record_exactly_once(
             f"{tag} daemons died by themselves: {driver.unplanned_exits}"
         )
         assert len(good) > 0 and len(bad) > 0
+        for cut in driver.partitions:
+            assert cut.taken_over, f"{tag} nobody took over from partitioned {cut}"
+            assert not cut.commits_while_cut, f"{tag} partitioned leader committed: {cut}"
+        if netns_skipped:
+            warnings.warn(f"chaos: network partition not run: {netns_skipped}", stacklevel=1)
         assert len(applied) >= variant.minimum_applied, (
             f"{tag} only {len(applied)} faults applied: {driver.faults}"
         )
@@ -256,4 +306,6 @@ def test_chaos_every_record_exactly_once(
         watcher.stop()
         coordinator.close()
         cluster.stop()
+        if netns is not None:
+            netns.delete()
         admin.close()
