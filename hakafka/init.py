@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
-from hakafka import __version__
 from hakafka.config import Config
-from hakafka.coordination import Coordinator, NodeInfo
-from hakafka.daemon import pipeline_schema, zk_config
+from hakafka.daemon import pipeline_schema
+from hakafka.ops.cluster import connect
 from hakafka.sink import PipelineSink, shard_replicas
 
 
@@ -16,19 +12,9 @@ def initialize(config: Config) -> list[str]:
     """Create what is missing for every shard of the cluster; return what was done."""
     done = []
     shards = range(config.shard_count)
-    coordinator = Coordinator(
-        zk_config(config),
-        config.node,
-        NodeInfo(
-            host=socket.gethostname(), http="", flight="", pid=os.getpid(), version=__version__
-        ),
-    )
-    coordinator.start()
-    try:
+    with connect(config) as coordinator:
         coordinator.init_paths(shards)
-        done.append(f"zookeeper: layout for shards {list(shards)} under {config.zookeeper.root}")
-    finally:
-        coordinator.close()
+    done.append(f"zookeeper: layout for shards {list(shards)} under {config.zookeeper.root}")
     for pipeline in config.pipelines:
         sink = PipelineSink(config, pipeline, pipeline_schema(pipeline))
         for shard in shards:

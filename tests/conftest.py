@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from hakafka.devstack.records import EVENT_COLUMNS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -139,3 +142,53 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield runtime.start()
     finally:
         runtime.stop()
+
+
+@pytest.fixture
+def stack(
+    zookeeper: ZooKeeperEnsemble, kafka: KafkaBroker, clickhouse: ClickHouseService
+) -> StackEndpoints:
+    """Endpoints of the session's services, as a cluster's configs need them."""
+    return StackEndpoints(zookeeper.hosts, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}")
+
+
+@pytest.fixture
+def make_cluster(
+    tmp_path: Path, stack: StackEndpoints, zk_root: str, ch_database: str, topic_prefix: str
+) -> Iterator[Callable[..., LocalCluster]]:
+    """Build a cluster for this test (topic `<prefix>_events`, table `events`); stopped after."""
+    made: list[LocalCluster] = []
+
+    def make(
+        nodes: dict[str, list[int]],
+        buffer: dict[str, int | float] | None = None,
+        on_error: str = "dead_letter",
+    ) -> LocalCluster:
+        pipeline = PipelineSpec(
+            name="events",
+            topic=f"{topic_prefix}_events",
+            table="events",
+            columns=EVENT_COLUMNS,
+            buffer=buffer
+            or {"min_rows": 5000, "max_rows": 100_000, "min_bytes": 1, "min_age": 1, "max_age": 3},
+            on_error=on_error,
+        )
+        cluster = LocalCluster(
+            tmp_path / f"cluster{len(made)}",
+            stack,
+            nodes=nodes,
+            shard_count=2,
+            pipelines=[pipeline],
+            zk_root=zk_root,
+            database=ch_database,
+            session_timeout=3.0,
+            rows_per_task=100_000,
+        )
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.stop()
