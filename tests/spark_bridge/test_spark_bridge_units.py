@@ -1,0 +1,73 @@
+"""Pure logic of spark_bridge: task slicing, DDL, filter pushdown, hosts, replica order."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
+
+from spark_bridge.datasource import filter_sql, parse_hosts, sql_literal
+from spark_bridge.flush import task_slices
+from spark_bridge.replicas import NoWritableReplicaError, Replica, RetryPolicy, write_order
+from spark_bridge.tables import Engine, TableSpec
+
+
+def test_task_slices_are_a_pure_contiguous_cover() -> None:
+    assert task_slices(0, 10) == []
+    assert task_slices(10, 10) == [(0, 10)]
+    assert task_slices(11, 10) == [(0, 6), (6, 5)]
+    slices = task_slices(1_000_001, 250_000)
+    assert len(slices) == 5
+    assert slices[0][0] == 0 and sum(n for _, n in slices) == 1_000_001
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(slices))
+    assert task_slices(1_000_001, 250_000) == slices, "same input, same tasks (same tokens)"
+
+
+def test_ddl_carries_the_dedup_window_of_each_engine() -> None:
+    spec = TableSpec(
+        "db",
+        "events",
+        (("id", "Int64"), ("_offset", "Int64")),
+        order_by="(_offset)",
+        partition_by="id % 4",
+        ttl=None,
+        dedup_window=5000,
+    )
+    sql = spec.create_sql()
+    assert "CREATE TABLE IF NOT EXISTS `db`.`events`" in sql
+    assert "ENGINE = MergeTree" in sql and "PARTITION BY id % 4" in sql
+    assert "non_replicated_deduplication_window = 5000" in sql
+    replicated = TableSpec(
+        "db", "events", (("id", "Int64"),), engine=Engine.REPLICATED_MERGE_TREE
+    ).create_sql()
+    assert "ReplicatedMergeTree(" in replicated and "replicated_deduplication_window" in replicated
+
+
+def test_filters_become_where_clauses_or_stay_in_spark() -> None:
+    assert filter_sql(EqualTo(("kind",), "o'clock")) == "`kind` = 'o\\'clock'"
+    assert filter_sql(GreaterThan(("id",), 5)) == "`id` > 5"
+    assert filter_sql(In(("id",), (1, 2))) == "`id` IN (1, 2)"
+    assert filter_sql(IsNull(("amount",))) == "`amount` IS NULL"
+    assert filter_sql(Not(EqualTo(("id",), 1))) == "NOT (`id` = 1)"
+    assert filter_sql(StringStartsWith(("kind",), "cl")) is not None
+    assert filter_sql(EqualTo(("a", "b"), 1)) is None, "nested fields are not pushed down"
+    assert sql_literal(None) == "NULL" and sql_literal(True) == "true"
+
+
+def test_hosts_option_names_the_bad_entry() -> None:
+    assert parse_hosts("h1:8123, [::1]:9000") == (("h1", 8123), ("::1", 9000))
+    with pytest.raises(ValueError, match="expected host:port, got 'h2'"):
+        parse_hosts("h1:8123,h2")
+    with pytest.raises(ValueError, match="'hosts' is required"):
+        parse_hosts(" , ")
+
+
+def test_replica_order_and_backoff() -> None:
+    a, b = Replica("a", "h", 1), Replica("b", "h", 2, local=True)
+    off = Replica("c", "h", 3, local=True, writable=False)
+    assert [r.name for r in write_order([a, off, b])] == ["b", "a"]
+    with pytest.raises(NoWritableReplicaError, match="no writable replica among \\['c'\\]"):
+        write_order([off])
+    policy = RetryPolicy(backoff_initial=0.25, backoff_max=1.0)
+    assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [0.25, 0.5, 1.0, 1.0]
