@@ -58,6 +58,7 @@ PARTITIONS = 8
 BAD_EVERY = 97
 SESSION_TIMEOUT = 3.0
 DATABASE = "chaos"
+WARM_UP = 2_000  # records produced and flushed before the first fault
 NETNS_NODE = "n1"  # runs in its own network namespace where the machine allows it
 
 
@@ -76,8 +77,8 @@ class Variant:
     minimum_applied: int
 
 
-SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 30_000, 1_000, 1.5, 150.0, 6)
-LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 300_000, 2_000, 2.0, 300.0, 50)
+SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 40_000, 1_000, 1.5, 150.0, 6)
+LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 400_000, 2_000, 2.5, 300.0, 50)
 
 
 class Producer(threading.Thread):
@@ -94,7 +95,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         v = self.variant
         try:
-            for start in range(0, v.records, v.chunk):
+            for start in range(WARM_UP, v.records, v.chunk):
                 if self._stop_requested.is_set():
                     return
                 with self.lock:
@@ -228,11 +229,14 @@ def test_chaos_every_record_exactly_once(
         cluster.wait_leaders(SHARDS, timeout=120.0)
         watcher.start()
         driver = ChaosDriver(targets, seed, session_timeout=SESSION_TIMEOUT)
-        producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
-        producer.start()
-        # Faults start once the first leaders have flushed (their Spark sessions are up).
+        # Faults start once the first leaders have flushed (their Spark sessions are up);
+        # the producer runs from then until the faults end.
+        warm = produce(stack.kafka, topic, WARM_UP, partitions=PARTITIONS, bad_every=BAD_EVERY)
         client = chaos_clickhouse.client(database=DATABASE)
         wait_for(lambda: distinct_rows(client, table) > 0, 180, f"{tag} the first flush")
+        producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
+        producer.produced |= warm
+        producer.start()
         driver.run(
             variant.faults, gap=variant.gap, deadline=time.monotonic() + variant.chaos_seconds
         )
