@@ -472,6 +472,10 @@ class Fault:
     seconds: float
 
 
+class _Skip(Exception):  # noqa: N818 (a fault that does not apply now, not an error)
+    """The fault has nothing to act on right now (e.g. the shard has no leader)."""
+
+
 @dataclass
 class ChaosTargets:
     """What the driver may break. `broker_lock` is held while the broker restarts, so a
@@ -580,6 +584,8 @@ class ChaosDriver:
         start = time.monotonic()
         try:
             target, outcome = self._actions[kind]()
+        except _Skip as why:
+            target, outcome = "-", f"skipped: {why}"
         except Exception as exc:
             target, outcome = "?", f"error: {exc!r}"
         fault = Fault(
@@ -597,13 +603,14 @@ class ChaosDriver:
     def _node(self, name: str) -> DaemonNode:
         return self.targets.cluster.nodes[name]
 
-    def _leader(self) -> tuple[int, str] | None:
-        """A random shard and its leader (as ZooKeeper names it), if it has one."""
+    def _leader(self) -> tuple[int, str, DaemonNode]:
+        """A random shard, its leader's name (as ZooKeeper has it) and daemon; `_Skip` when
+        the shard has no leader right now."""
         shard = self.rng.choice(self.targets.shards)
         info = self.targets.coordinator.leader_of(shard)
         if info is None or info.node not in self.targets.cluster.nodes:
-            return None
-        return shard, info.node
+            raise _Skip(f"shard {shard} has no leader right now")
+        return shard, info.node, self._node(info.node)
 
     def _restart_unplanned_exits(self) -> None:
         """Start daemons that exited although no fault killed them (and record that)."""
@@ -617,11 +624,7 @@ class ChaosDriver:
     # -- faults -----------------------------------------------------------------------------
 
     def _kill_leader(self) -> tuple[str, str]:
-        found = self._leader()
-        if found is None:
-            return "-", "skipped: no leader right now"
-        shard, name = found
-        node = self._node(name)
+        shard, name, node = self._leader()
         node.kill(signal.SIGKILL)
         down = self.rng.uniform(1.0, 4.0)
         time.sleep(down)
@@ -629,11 +632,7 @@ class ChaosDriver:
         return f"{name} (leader of shard {shard})", f"applied: SIGKILL, restarted {down:.1f}s later"
 
     def _stop_leader(self) -> tuple[str, str]:
-        found = self._leader()
-        if found is None:
-            return "-", "skipped: no leader right now"
-        shard, name = found
-        node = self._node(name)
+        shard, name, node = self._leader()
         frozen = self.session_timeout + 2.0
         node.kill(signal.SIGSTOP)
         try:
