@@ -70,7 +70,7 @@ class Variant:
     faults: int
     gap: tuple[float, float]  # pause before each fault, seconds
     chaos_seconds: float  # the fault phase ends at this bound even if faults remain
-    records: int
+    records: int  # at most this many, warm-up included
     chunk: int
     chunk_pause: float
     drain_seconds: float
@@ -82,8 +82,8 @@ LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 400_000, 2_000, 2.5, 300.0, 50)
 
 
 class Producer(threading.Thread):
-    """Produces `records` known records in chunks until done or stopped; a chunk is never
-    in flight while the broker restarts (it holds `lock`)."""
+    """Produces known records `WARM_UP..variant.records-1` in chunks until done or stopped;
+    a chunk is never in flight while the broker restarts (it holds `lock`)."""
 
     def __init__(self, bootstrap: str, topic: str, variant: Variant, lock: threading.Lock):
         super().__init__(name="chaos-producer", daemon=True)
