@@ -737,7 +737,8 @@ class ChaosDriver:
         return (
             f"{name} (leading shards {list(led)})",
             f"applied: cut off {healed_at - cut_at:.1f}s, "
-            f"{'taken over' if took else 'NOT taken over'}, {len(during)} commits while cut",
+            f"{('taken over' if took else 'NOT taken over') if led else 'was not leading'}, "
+            f"{len(during)} commits while cut",
         )
 
     # -- healing ----------------------------------------------------------------------------
