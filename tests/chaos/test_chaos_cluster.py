@@ -153,6 +153,22 @@ def make_namespace(
     return netns, ""
 
 
+def wait_consuming_leaders(cluster: LocalCluster, tag: str, timeout: float = 120.0) -> None:
+    """Every shard has a consuming leader; else fail with what each node says of itself."""
+    try:
+        cluster.wait_leaders(SHARDS, timeout=timeout)
+    except DevstackError as exc:
+        said = {
+            name: [
+                {k: s.get(k) for k in ("shard", "role", "state", "epoch")}
+                | {"pipelines": [p.get("state") for p in s.get("pipelines", [])]}
+                for s in node.status().get("shards", [])
+            ]
+            for name, node in cluster.nodes.items()
+        }
+        raise AssertionError(f"{tag} {exc}; the nodes say: {said}") from None
+
+
 def distinct_rows(client: Any, table: str) -> int:
     return int(client.command(f"SELECT uniqExact(_partition, _offset) FROM {table}"))
 
@@ -226,7 +242,7 @@ def test_chaos_every_record_exactly_once(
             netns_node=NETNS_NODE if netns is not None else None,
         )
         targets.start_cluster(timeout=120.0)
-        cluster.wait_leaders(SHARDS, timeout=120.0)
+        wait_consuming_leaders(cluster, tag)
         watcher.start()
         driver = ChaosDriver(targets, seed, session_timeout=SESSION_TIMEOUT)
         # Faults start once the first leaders have flushed (their Spark sessions are up);
@@ -246,7 +262,7 @@ def test_chaos_every_record_exactly_once(
         chaos_done = time.monotonic()
 
         driver.heal()
-        cluster.wait_leaders(SHARDS, timeout=120.0)
+        wait_consuming_leaders(cluster, tag)
         client = chaos_clickhouse.client(database=DATABASE)
         wait_for(
             lambda: distinct_rows(client, table) >= len(good),
