@@ -3,7 +3,9 @@ watcher, and the end-of-run checks (no doubled leader, no WAL damage).
 
 `ChaosDriver.run` applies faults picked by `random.Random(seed)`: SIGKILL or SIGSTOP a shard
 leader, SIGKILL and restart a ZooKeeper member, restart the broker, stop the ClickHouse front
-for a while, mark and clear a node's replacement, and ask for failovers. Every fault ends by
+for a while, mark and clear a node's replacement, ask for failovers and, where a daemon runs in
+a `NetworkNamespace` of its own (root and iproute2 needed), cut its veth link so it is really
+partitioned from ZooKeeper, the broker and ClickHouse. Every fault ends by
 itself (a stopped process is continued, a stopped service started again) and `heal` brings
 back anything still down. The seed comes from `CHAOS_SEED` when set, so a run can be replayed
 (the schedule is the same; timing on a busy machine is not).
@@ -11,7 +13,9 @@ back anything still down. The seed comes from `CHAOS_SEED` when set, so a run ca
 `LeadershipWatcher` records every change of `shards/<s>/leader` from its own ZooKeeper
 session. `commit_violations` reads each daemon's JSON log for `fenced.checkpoint_committed`
 and says whether two nodes ever committed for the same shard and epoch or a shard's epochs
-went backwards; `wal_damage` runs `python -m wal verify` on every WAL directory.
+went backwards; `verify_wals` runs `python -m wal verify` on every WAL directory.
+`python -m hakafka.devstack.chaos forward LHOST:LPORT=THOST:TPORT ...` is the TCP forwarder
+that carries a namespaced daemon's traffic to the services on 127.0.0.1.
 
 WAL damage, as these checks define it: a torn tail (a record cut short by SIGKILL) is
 expected and repaired when the log is opened, so it is reported but not damage; a corrupt
