@@ -153,20 +153,24 @@ def make_namespace(
     return netns, ""
 
 
+def node_views(cluster: LocalCluster) -> dict[str, Any]:
+    """What each daemon says of its shards: role, state, epoch, pipeline states and lag."""
+    return {
+        name: [
+            {k: s.get(k) for k in ("shard", "role", "state", "epoch")}
+            | {"pipelines": [(p.get("state"), p.get("lag")) for p in s.get("pipelines", [])]}
+            for s in node.status().get("shards", [])
+        ]
+        for name, node in cluster.nodes.items()
+    }
+
+
 def wait_consuming_leaders(cluster: LocalCluster, tag: str, timeout: float = 120.0) -> None:
     """Every shard has a consuming leader; else fail with what each node says of itself."""
     try:
         cluster.wait_leaders(SHARDS, timeout=timeout)
     except DevstackError as exc:
-        said = {
-            name: [
-                {k: s.get(k) for k in ("shard", "role", "state", "epoch")}
-                | {"pipelines": [p.get("state") for p in s.get("pipelines", [])]}
-                for s in node.status().get("shards", [])
-            ]
-            for name, node in cluster.nodes.items()
-        }
-        raise AssertionError(f"{tag} {exc}; the nodes say: {said}") from None
+        raise AssertionError(f"{tag} {exc}; the nodes say: {node_views(cluster)}") from None
 
 
 def distinct_rows(client: Any, table: str) -> int:
@@ -264,11 +268,16 @@ def test_chaos_every_record_exactly_once(
         driver.heal()
         wait_consuming_leaders(cluster, tag)
         client = chaos_clickhouse.client(database=DATABASE)
-        wait_for(
-            lambda: distinct_rows(client, table) >= len(good),
-            variant.drain_seconds,
-            f"{tag} every good record in {table} ({len(good)})",
-        )
+        try:
+            wait_for(
+                lambda: distinct_rows(client, table) >= len(good),
+                variant.drain_seconds,
+                f"{tag} every good record in {table} ({len(good)})",
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; {distinct_rows(client, table)} there; the nodes say: {node_views(cluster)}"
+            ) from None
         wait_for(
             lambda: distinct_rows(client, dead_table) >= len(bad),
             60,
