@@ -190,6 +190,7 @@ class Daemon:
 
     def _pipelines_for(self, shard: int) -> Callable[[Leadership], list[PipelineLeader]]:
         def make(leadership: Leadership) -> list[PipelineLeader]:
+            fenced = leadership.fenced()  # one token for the whole term
             return [
                 PipelineLeader(
                     config=self.config,
@@ -197,7 +198,7 @@ class Daemon:
                     shard=shard,
                     decoder=p.decoder(),
                     sink=p.sink,
-                    leadership=leadership,
+                    fenced=fenced,
                     spark=self._spark_session,
                     replicas=self._replicas_for(shard),
                     catalog=self.catalog,

@@ -12,9 +12,11 @@ Recovery, then two threads:
   through Spark (retried with backoff, never dropped), commit the checkpoint (fenced by the
   epoch), drop the block from the buffer and truncate the WAL.
 
-Every ZooKeeper write goes through `Leadership.fenced()`: a node that lost leadership gets
-FencedError and stops. `suspend()` stops side effects without losing state; `stop()` ends
-the pipeline, letting an in-flight flush finish within a grace period.
+A pipeline is bound to one leadership term: every ZooKeeper read and write goes through
+the `FencedState` of the term it was started for, so a node that lost that term gets
+FencedError and stops, even if it has been elected again since. `suspend()` stops side
+effects without losing state; `stop()` ends the pipeline, letting an in-flight flush
+finish within a grace period.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from buffer import BufferFull, Catalog, OffsetRange, Thresholds, should_flush
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import DecodedBatch, Decoder, PartitionConsumer, ShardAssignment
 from hakafka.consumer.schema import dead_letter_arrow_schema
-from hakafka.coordination import FencedError, Leadership, PendingIntent
+from hakafka.coordination import FencedError, FencedState, PendingIntent
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline_buffer import PipelineBlock, PipelineBuffer, make_block
@@ -101,7 +103,7 @@ class PipelineLeader:
         shard: int,
         decoder: Decoder,
         sink: PipelineSink,
-        leadership: Leadership,
+        fenced: FencedState,
         spark: Callable[[], SparkSession],
         replicas: Callable[[], tuple[Replica, ...]],
         catalog: Catalog,
@@ -114,7 +116,7 @@ class PipelineLeader:
         self.shard = shard
         self.decoder = decoder
         self.sink = sink
-        self.leadership = leadership
+        self.fenced = fenced
         self._spark = spark
         self._replicas = replicas
         self._catalog = catalog
@@ -192,7 +194,7 @@ class PipelineLeader:
             self._abandoned.set()
             self._log.warning("flush.abandoned", grace_s=grace)
         self._main.join(timeout=10.0)
-        if clean:
+        if clean and self._flusher.ident is not None:  # never started if stopped in recovery
             self._flusher.join(timeout=10.0)
         return clean
 
@@ -258,7 +260,7 @@ class PipelineLeader:
         if not report.clean:
             self._log.error("wal.repaired", directory=str(directory), report=repr(report))
         self.sink.ensure_tables(self._replicas())
-        fenced = self.leadership.fenced()
+        fenced = self.fenced
         self._checkpoint = checkpoint_offsets(
             fenced.read_checkpoint(self.pipeline.name), self.pipeline.topic
         )
@@ -510,7 +512,7 @@ class PipelineLeader:
             began = time.monotonic()
             topic = self.pipeline.topic
             parts = {p: rng for (t, p), rng in block.ranges.items() if t == topic}
-            fenced = self.leadership.fenced()
+            fenced = self.fenced
             if not intent_written:
                 intent = PendingIntent(
                     block.block_id,

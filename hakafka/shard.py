@@ -26,6 +26,7 @@ from hakafka.coordination import (
     BecameLeader,
     Coordinator,
     FailoverRequested,
+    FencedError,
     Leadership,
     LeadershipEvent,
     LostLeadership,
@@ -87,8 +88,8 @@ class ShardRunner:
         return bool(self.pipelines)
 
     def healthy(self) -> bool:
-        """False if a pipeline of this shard has failed or stopped while leading."""
-        return all(
+        """False if the shard's event thread died or a pipeline failed or stopped while leading."""
+        return self._thread.is_alive() and all(
             p.status.state in ("starting", "recovering", "consuming") for p in self.pipelines
         )
 
@@ -100,7 +101,7 @@ class ShardRunner:
             try:
                 self._handle(event)
             except Exception as exc:
-                self._log.error("shard.event_failed", event=type(event).__name__, error=repr(exc))
+                self._log.error("shard.event_failed", kind=type(event).__name__, error=repr(exc))
 
     def _handle(self, event: LeadershipEvent) -> None:
         labels = {"shard": str(self.shard)}
@@ -134,8 +135,13 @@ class ShardRunner:
         if self._warm_up is not None:
             # A Spark session takes seconds to start: begin now, not at the first flush.
             threading.Thread(target=self._warm_up, name="spark-warm-up", daemon=True).start()
+        try:
+            pipelines = self._make_pipelines(self.leadership)
+        except FencedError as exc:  # the term ended before we got to it: its loss event follows
+            self._log.warning("leader.term_already_over", error=str(exc))
+            return
         self.leading_since = time.time()
-        self.pipelines = self._make_pipelines(self.leadership)
+        self.pipelines = pipelines
         for p in self.pipelines:
             p.start()
         # Waiting here would hold back later events (a loss must stop pipelines at once).
