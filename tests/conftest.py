@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from hakafka.devstack.process import running
 from hakafka.devstack.records import EVENT_COLUMNS
 
 if TYPE_CHECKING:
@@ -44,12 +45,8 @@ def zookeeper(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
     """A standalone ZooKeeper server (one member)."""
     from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
-    zk = ZooKeeperEnsemble(stack_root / "zk1", members=1)
-    zk.start()
-    try:
+    with running(ZooKeeperEnsemble(stack_root / "zk1", members=1)) as zk:
         yield zk
-    finally:
-        zk.stop()
 
 
 @pytest.fixture(scope="session")
@@ -57,12 +54,8 @@ def zookeeper_ensemble(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
     """A 3-member ZooKeeper ensemble, for quorum and member-failure tests."""
     from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
-    zk = ZooKeeperEnsemble(stack_root / "zk3", members=3)
-    zk.start()
-    try:
+    with running(ZooKeeperEnsemble(stack_root / "zk3", members=3)) as zk:
         yield zk
-    finally:
-        zk.stop()
 
 
 @pytest.fixture
@@ -76,12 +69,8 @@ def kafka(stack_root: Path) -> Iterator[KafkaBroker]:
     """The tansu broker on memory:// storage."""
     from hakafka.devstack.kafka import KafkaBroker
 
-    broker = KafkaBroker(stack_root / "kafka")
-    broker.start()
-    try:
+    with running(KafkaBroker(stack_root / "kafka")) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture
@@ -95,12 +84,8 @@ def clickhouse(stack_root: Path) -> Iterator[ClickHouseService]:
     """chdb behind the ClickHouse HTTP interface, as a separate process."""
     from hakafka.devstack.clickhouse import ClickHouseService
 
-    ch = ClickHouseService(stack_root / "clickhouse")
-    ch.start()
-    try:
+    with running(ClickHouseService(stack_root / "clickhouse")) as ch:
         yield ch
-    finally:
-        ch.stop()
 
 
 @pytest.fixture

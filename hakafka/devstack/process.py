@@ -13,11 +13,34 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 LOOPBACK = "127.0.0.1"
+
+
+class Service(Protocol):
+    """A local-stack service: `start` waits until it is healthy, `stop` stops it by PID."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+@contextlib.contextmanager
+def running(service: S) -> Iterator[S]:
+    """`service` started for the duration of the block and stopped afterwards, also when
+    `start` itself fails half way (e.g. one ZooKeeper member up, another not)."""
+    try:
+        service.start()
+        yield service
+    finally:
+        service.stop()
 
 
 class DevstackError(RuntimeError):

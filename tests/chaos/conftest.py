@@ -18,6 +18,7 @@ import pytest
 from hakafka.devstack.clickhouse import ClickHouseService
 from hakafka.devstack.kafka import KafkaBroker
 from hakafka.devstack.moto import MotoS3
+from hakafka.devstack.process import running
 from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 LONG_OPTION = "--chaos-long"
@@ -45,33 +46,21 @@ def chaos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def chaos_zookeeper(chaos_root: Path) -> Iterator[ZooKeeperEnsemble]:
-    zk = ZooKeeperEnsemble(chaos_root / "zookeeper", members=3)
-    zk.start()
-    try:
+    with running(ZooKeeperEnsemble(chaos_root / "zookeeper", members=3)) as zk:
         yield zk
-    finally:
-        zk.stop()
 
 
 @pytest.fixture(scope="module")
 def chaos_broker(chaos_root: Path) -> Iterator[KafkaBroker]:
     """The tansu broker on durable `s3://` storage in a moto server of its own."""
-    s3 = MotoS3(chaos_root / "moto")
-    s3.start()
-    broker = KafkaBroker(chaos_root / "kafka", s3=s3)
-    try:
-        broker.start()
+    with (
+        running(MotoS3(chaos_root / "moto")) as s3,
+        running(KafkaBroker(chaos_root / "kafka", s3=s3)) as broker,
+    ):
         yield broker
-    finally:
-        broker.stop()
-        s3.stop()
 
 
 @pytest.fixture(scope="module")
 def chaos_clickhouse(chaos_root: Path) -> Iterator[ClickHouseService]:
-    ch = ClickHouseService(chaos_root / "clickhouse")
-    ch.start()
-    try:
+    with running(ClickHouseService(chaos_root / "clickhouse")) as ch:
         yield ch
-    finally:
-        ch.stop()
