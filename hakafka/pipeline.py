@@ -90,6 +90,7 @@ class PipelineStatus:
     checkpoint: dict[int, int] = field(default_factory=dict)
     replayed_rows: int = 0
     refetched_rows: int = 0
+    restarts: int = 0
 
 
 class PipelineLeader:
@@ -228,10 +229,10 @@ class PipelineLeader:
             self._start_consumer()
             self._set_state("consuming")
             self._consume_loop()
-            self._set_state("stopped")
+            self._set_stopped()
         except (PipelineStopped, FencedError) as exc:
             self._log.info("pipeline.stopped", reason=str(exc) or type(exc).__name__)
-            self._set_state("stopped")
+            self._set_stopped()
         except Exception as exc:
             self.status.error = f"{type(exc).__name__}: {exc}"
             self._set_state("failed")
@@ -245,6 +246,11 @@ class PipelineLeader:
     def _set_state(self, state: str) -> None:
         self.status.state = state
         self._log.info(f"pipeline.{state}")
+
+    def _set_stopped(self) -> None:
+        """`stopped`, unless the flush thread failed first (its error is the story)."""
+        if self.status.state != "failed":
+            self._set_state("stopped")
 
     def _recover(self) -> None:
         self._set_state("recovering")

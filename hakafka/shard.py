@@ -10,6 +10,11 @@ must not wait for that):
 - LostLeadership: pipelines stop at once (their epoch is gone; nothing more is committed).
 - FailoverRequested: pipelines stop, an in-flight flush may finish within the grace period,
   then the leadership is resigned.
+
+A pipeline that fails while the term holds (the broker or ClickHouse away during recovery, a
+flush that cannot land) is restarted within the same term after a growing delay (1 s, 2 s,
+4 s, ... 30 s), as Flink's exponential-delay restart strategy does: a transient outage heals
+without ops, and `status` shows the error and the restart count meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -29,6 +35,7 @@ from hakafka.coordination import (
     FencedError,
     Leadership,
     LeadershipEvent,
+    LeadershipState,
     LostLeadership,
     Resumed,
     Suspended,
@@ -39,7 +46,25 @@ from hakafka.pipeline import PipelineLeader
 log = structlog.get_logger("hakafka.shard")
 
 RECOVERY_TIMEOUT_S = 300.0
+SUPERVISE_EVERY_S = 0.5
+RESTART_DELAY_S = (1.0, 30.0)  # first and largest delay before restarting a failed pipeline
+RESTART_RESET_S = 600.0  # a pipeline that ran this long since its last restart starts over at 1 s
 _STOP = object()
+
+
+def restart_delay(attempt: int) -> float:
+    """Seconds to wait before restart number `attempt` (1-based): 1, 2, 4, ... at most 30."""
+    first, largest = RESTART_DELAY_S
+    return float(min(largest, first * 2 ** min(attempt - 1, 16)))
+
+
+@dataclass
+class _Restarts:
+    """Restart bookkeeping of one pipeline within one term."""
+
+    count: int = 0
+    last_at: float | None = None
+    failed_at: float | None = None
 
 
 class ShardRunner:
@@ -66,6 +91,7 @@ class ShardRunner:
         self.leadership: Leadership | None = None
         self.pipelines: list[PipelineLeader] = []
         self.leading_since: float | None = None
+        self._restarts: dict[str, _Restarts] = {}
         self._log = log.bind(shard=shard)
 
     def start(self) -> None:
@@ -95,13 +121,76 @@ class ShardRunner:
 
     def _loop(self) -> None:
         while True:
-            event = self._events.get()
+            try:
+                event = self._events.get(timeout=SUPERVISE_EVERY_S)
+            except queue.Empty:
+                event = None
             if event is _STOP:
                 return
             try:
-                self._handle(event)
+                if event is None:
+                    self._supervise(time.monotonic())
+                else:
+                    self._handle(event)
             except Exception as exc:
-                self._log.error("shard.event_failed", kind=type(event).__name__, error=repr(exc))
+                kind = type(event).__name__ if event is not None else "supervise"
+                self._log.error("shard.event_failed", kind=kind, error=repr(exc))
+
+    def _supervise(self, now: float) -> None:
+        """Restart, after its delay, every pipeline whose threads ended while the term holds.
+
+        Only the shard thread starts and stops pipelines, so one that is no longer running
+        here ended on its own: it failed.
+        """
+        if self.leadership is None or self.leadership.state is not LeadershipState.LEADER:
+            return  # suspended or over: the next event decides
+        for index, p in enumerate(self.pipelines):
+            if p.running:
+                continue
+            name = p.pipeline.name
+            restarts = self._restarts.setdefault(name, _Restarts())
+            if restarts.last_at is not None and now - restarts.last_at > RESTART_RESET_S:
+                restarts.count = 0
+            delay = restart_delay(restarts.count + 1)
+            if restarts.failed_at is None:
+                restarts.failed_at = now
+                self._log.warning(
+                    "pipeline.restart_scheduled",
+                    pipeline=name,
+                    state=p.status.state,
+                    error=p.status.error,
+                    delay_s=delay,
+                )
+            if now - restarts.failed_at < delay:
+                continue
+            if not self._restart(index, restarts):
+                return
+
+    def _restart(self, index: int, restarts: _Restarts) -> bool:
+        """Replace the pipeline at `index` by a fresh one of the same term; False if the term
+        is over (its loss event follows)."""
+        assert self.leadership is not None
+        failed = self.pipelines[index]
+        failed.stop(0.0)
+        try:
+            fresh = self._make_pipelines(self.leadership)
+        except FencedError as exc:
+            self._log.warning("leader.term_already_over", error=str(exc))
+            return False
+        (pipeline,) = (p for p in fresh if p.pipeline.name == failed.pipeline.name)
+        restarts.count += 1
+        restarts.last_at, restarts.failed_at = time.monotonic(), None
+        pipeline.status.restarts = failed.status.restarts + 1
+        self.pipelines[index] = pipeline
+        pipeline.start()
+        self._log.info(
+            "pipeline.restarted",
+            pipeline=pipeline.pipeline.name,
+            attempt=restarts.count,
+            after_error=failed.status.error,
+        )
+        self._announce(self.leadership)
+        return True
 
     def _handle(self, event: LeadershipEvent) -> None:
         labels = {"shard": str(self.shard)}
@@ -142,12 +231,16 @@ class ShardRunner:
             return
         self.leading_since = time.time()
         self.pipelines = pipelines
+        self._restarts = {}
         for p in self.pipelines:
             p.start()
+        self._announce(self.leadership)
+
+    def _announce(self, leadership: Leadership) -> None:
         # Waiting here would hold back later events (a loss must stop pipelines at once).
         threading.Thread(
             target=self._announce_consuming,
-            args=(self.leadership, list(self.pipelines)),
+            args=(leadership, list(self.pipelines)),
             daemon=True,
         ).start()
 

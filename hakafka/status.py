@@ -22,6 +22,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "topic": p.pipeline.topic,
         "state": s.state,
         "error": s.error,
+        "restarts": s.restarts,
         "buffer_rows": p.buffer.rows.snapshot().rows,
         "buffer_bytes": p.buffer.nbytes,
         "open_rows": stats.rows,

@@ -154,11 +154,15 @@ def make_namespace(
 
 
 def node_views(cluster: LocalCluster) -> dict[str, Any]:
-    """What each daemon says of its shards: role, state, epoch, pipeline states and lag."""
+    """What each daemon says of its shards: role, state, epoch, pipeline states, lag, errors."""
     return {
         name: [
             {k: s.get(k) for k in ("shard", "role", "state", "epoch")}
-            | {"pipelines": [(p.get("state"), p.get("lag")) for p in s.get("pipelines", [])]}
+            | {
+                "pipelines": [
+                    (p.get("state"), p.get("lag"), p.get("error")) for p in s.get("pipelines", [])
+                ]
+            }
             for s in node.status().get("shards", [])
         ]
         for name, node in cluster.nodes.items()

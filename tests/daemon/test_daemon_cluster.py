@@ -199,3 +199,44 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
     assert_exactly_once(client, "events", warm.good | outage.good)
     assert metric(node, "hakafka_flushes_total") > 0
     assert count(client, "events_dead_letter") == 0
+
+
+def test_pipeline_failed_in_recovery_restarts_once_clickhouse_is_back(
+    make_cluster: Any,
+    stack: StackEndpoints,
+    topic_prefix: str,
+    ch_client: Any,
+    clickhouse: ClickHouseService,
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    cluster = make_cluster({"n1": ALL_SHARDS})
+    node = cluster.nodes["n1"]
+    produced = produce(stack.kafka, topic, 3_000)
+
+    def pipelines() -> list[dict[str, Any]]:
+        return [p for s in node.status().get("shards", []) for p in s.get("pipelines", [])]
+
+    clickhouse.stop()
+    try:
+        cluster.start()
+        # Recovery needs ClickHouse (tables, replicas): each pipeline fails, says why, and
+        # its shard restarts it instead of leaving it failed for the rest of the term.
+        wait_for(
+            lambda: len(pipelines()) == 2 and all(p["restarts"] >= 2 for p in pipelines()),
+            60,
+            "two restarts of each pipeline while ClickHouse is down",
+        )
+        errors = {p["error"] for p in pipelines() if p["state"] == "failed"}
+        assert None not in errors, pipelines()
+    finally:
+        clickhouse.start()
+    client = clickhouse.client(database=ch_client.database)
+    wait_for(
+        lambda: [p["state"] for p in pipelines()] == ["consuming", "consuming"],
+        90,
+        "both pipelines consuming after the outage",
+    )
+    wait_for(lambda: count(client, "events") >= 3_000, 120, "the rows produced before")
+    time.sleep(2)
+    assert_exactly_once(client, "events", produced.good)
