@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from hakafka.devstack.clickhouse import ClickHouseService
+from hakafka.logs import configure as configure_logs
 from spark_bridge import (
     FlushTarget,
     Replica,
@@ -68,6 +69,7 @@ def best(samples: list[float]) -> float:
 
 
 def main() -> None:
+    configure_logs("console", "warning")  # the table only, not every flush.written
     root = Path(tempfile.mkdtemp(prefix="flush-bench-"))
     ch = ClickHouseService(root / "ch")
     ch.start()

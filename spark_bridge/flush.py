@@ -9,9 +9,10 @@ insert it already has, whether the first attempt finished, died half way, or Spa
 task. This holds while the table's deduplication window exceeds the number of insert blocks
 written between the first attempt and the re-flush (see `tables.TableSpec.dedup_window`).
 
-The slices travel to the executors as Arrow IPC broadcasts and never become Spark rows
-unless a transform needs them; without a transform each task decodes its slice and inserts
-it directly. Flushing needs a classic SparkSession (the block lives in the driver).
+Each task fetches its slice from the driver over Arrow Flight (`handoff`); the slices never
+become Spark rows unless a transform needs them. Without a transform, the job is a plain RDD
+job of one task per slice (no SQL planning, no Arrow conversion through the JVM) that inserts
+its slice as it came. Flushing needs a classic SparkSession (the block lives in the driver).
 """
 
 from __future__ import annotations
@@ -21,20 +22,21 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.ipc
+import pyarrow.compute as pc
 import structlog
 
 from spark_bridge.connection import Connection
 from spark_bridge.datasource import ClickHouseOptions, insert_task, spark_arrow_type
+from spark_bridge.handoff import SliceHandoff, fetch_slice
 from spark_bridge.replicas import Failover, Replica, RetryPolicy
 from spark_bridge.transform import Transform, check_partitioning, load_transform
 
 if TYPE_CHECKING:
-    from pyspark.broadcast import Broadcast
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = structlog.get_logger("spark_bridge.flush")
 
@@ -102,7 +104,20 @@ def sorted_block(block: FlushBlock) -> pa.Table:
         for col in table.columns
     ]
     table = pa.Table.from_arrays(decoded, names=table.column_names)
+    # Consumed batches keep each partition's offsets ascending, so a stable sort on the
+    # partition alone (a counting sort, 20x cheaper than the two-key sort) is usually enough.
+    table = table.take(pc.sort_indices(table[PARTITION_COLUMN]))
+    if _offsets_ascending_per_partition(table):
+        return table
     return table.sort_by([(PARTITION_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")])
+
+
+def _offsets_ascending_per_partition(table: pa.Table) -> bool:
+    """True if, in a table grouped by partition, offsets strictly rise within each partition."""
+    partitions = table[PARTITION_COLUMN].to_numpy()
+    offsets = table[OFFSET_COLUMN].to_numpy()
+    same = partitions[1:] == partitions[:-1]
+    return bool(np.all(~same | (offsets[1:] > offsets[:-1])))
 
 
 def task_slices(rows: int, rows_per_task: int) -> list[tuple[int, int]]:
@@ -113,13 +128,6 @@ def task_slices(rows: int, rows_per_task: int) -> list[tuple[int, int]]:
     tasks = math.ceil(rows / rows_per_task)
     size = math.ceil(rows / tasks)
     return [(start, min(size, rows - start)) for start in range(0, rows, size)]
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def _report(task: int, rows: int) -> pa.RecordBatch:
@@ -133,23 +141,20 @@ def _slice_ids(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
         yield from batch.column(0).to_pylist()
 
 
-def _decode_and_insert(
-    payloads: Sequence[Broadcast[bytes]],
-    options: ClickHouseOptions,
-    batches: Iterator[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
-    """Executor side, no transform: insert slice `i` (the range value) as task `i`."""
-    for task in _slice_ids(batches):
-        data = pa.ipc.open_stream(payloads[task].value).read_all()
-        yield _report(task, insert_task(options, task, data.to_batches()).rows)
+def _fetch_and_insert(
+    location: str, tickets: Sequence[bytes], options: ClickHouseOptions, tasks: Iterator[int]
+) -> Iterator[tuple[int, int]]:
+    """Executor side, no transform: insert slice `i` (the RDD element) as task `i`."""
+    for task in tasks:
+        yield task, insert_task(options, task, fetch_slice(location, tickets[task])).rows
 
 
-def _decode(
-    payloads: Sequence[Broadcast[bytes]], batches: Iterator[pa.RecordBatch]
+def _fetch(
+    location: str, tickets: Sequence[bytes], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: the rows of slice `i` (the range value) as Arrow batches."""
     for task in _slice_ids(batches):
-        yield from pa.ipc.open_stream(payloads[task].value).read_all().to_batches()
+        yield from fetch_slice(location, tickets[task])
 
 
 def _insert_partition(
@@ -175,7 +180,7 @@ def _spark_compatible(table: pa.Table) -> pa.Table:
 
 
 class _BlockWrite:
-    """One block's prepared Spark plan inputs, written to a replica by `write`."""
+    """One block's slices, offered to the tasks of `write` until `close`."""
 
     def __init__(
         self, spark: SparkSession, table: pa.Table, target: FlushTarget, block_id: str
@@ -191,18 +196,14 @@ class _BlockWrite:
         self.slices = task_slices(table.num_rows, target.rows_per_task)
         self.token_prefix = f"{target.token_prefix}:{block_id}"
         try:
-            context = spark.sparkContext
+            self.context = spark.sparkContext
         except Exception as exc:  # Spark Connect has no SparkContext
             raise FlushError("flush needs a classic SparkSession (not Spark Connect)") from exc
-        self.payloads = [context.broadcast(_ipc(table.slice(o, n))) for o, n in self.slices]
+        host = self.context.getConf().get("spark.driver.host", "127.0.0.1")
+        self.handoff = SliceHandoff(host, [table.slice(o, n) for o, n in self.slices])
 
     def close(self) -> None:
-        for payload in self.payloads:
-            payload.unpersist(blocking=False)
-
-    def _slices_df(self, fn: Any, schema: Any) -> DataFrame:
-        count = len(self.slices)
-        return self.spark.range(0, count, 1, count).mapInArrow(fn, schema)
+        self.handoff.close()
 
     def write(self, replica: Replica) -> list[tuple[int, int]]:
         """``(task, rows)`` for every task, written to `replica`."""
@@ -213,19 +214,20 @@ class _BlockWrite:
             connection=self.target.connection,
             token_prefix=self.token_prefix,
         )
+        count = len(self.slices)
+        location, tickets = self.handoff.location, self.handoff.tickets
         if self.transform is None:
-            df = self._slices_df(
-                functools.partial(_decode_and_insert, self.payloads, options), _REPORT_SCHEMA
-            )
-        else:
-            from pyspark.sql.pandas.types import from_arrow_schema
+            insert = functools.partial(_fetch_and_insert, location, tickets, options)
+            tasks = self.context.parallelize(range(count), count)
+            return list(tasks.mapPartitions(insert).collect())
+        from pyspark.sql.pandas.types import from_arrow_schema
 
-            block_df = self._slices_df(
-                functools.partial(_decode, self.payloads), from_arrow_schema(self.schema)
-            )
-            out = self.transform(block_df)
-            check_partitioning(out, f"transform {self.target.transform!r}")
-            df = out.mapInArrow(functools.partial(_insert_partition, options), _REPORT_SCHEMA)
+        block_df = self.spark.range(0, count, 1, count).mapInArrow(
+            functools.partial(_fetch, location, tickets), from_arrow_schema(self.schema)
+        )
+        out = self.transform(block_df)
+        check_partitioning(out, f"transform {self.target.transform!r}")
+        df = out.mapInArrow(functools.partial(_insert_partition, options), _REPORT_SCHEMA)
         return [(int(row[0]), int(row[1])) for row in df.collect()]
 
 

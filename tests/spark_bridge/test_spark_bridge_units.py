@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
+import pyarrow as pa
 import pytest
+from pyarrow import flight
 from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
 
 from spark_bridge.datasource import filter_sql, parse_hosts, sql_literal
-from spark_bridge.flush import task_slices
+from spark_bridge.flush import sorted_block, task_slices
+from spark_bridge.handoff import SliceHandoff, fetch_slice
 from spark_bridge.replicas import NoWritableReplicaError, Replica, RetryPolicy, write_order
 from spark_bridge.tables import Engine, TableSpec
 
@@ -71,3 +75,41 @@ def test_replica_order_and_backoff() -> None:
         write_order([off])
     policy = RetryPolicy(backoff_initial=0.25, backoff_max=1.0)
     assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [0.25, 0.5, 1.0, 1.0]
+
+
+@dataclass
+class _Block:
+    block_id: str
+    table: pa.Table
+
+    def to_table(self) -> pa.Table:
+        return self.table
+
+
+def test_sorted_block_orders_by_partition_then_offset_in_both_paths() -> None:
+    # Consumed order (offsets rising per partition) and a shuffled order (they do not).
+    consumed = pa.table(
+        {"_partition": [1, 0, 1, 0, 2], "_offset": [5, 7, 6, 8, 1], "v": list("abcde")}
+    )
+    shuffled = consumed.take([3, 2, 4, 1, 0])
+    for table in (consumed, shuffled):
+        result = sorted_block(_Block("b", table))
+        assert list(
+            zip(result["_partition"].to_pylist(), result["_offset"].to_pylist(), strict=True)
+        ) == [
+            (0, 7),
+            (0, 8),
+            (1, 5),
+            (1, 6),
+            (2, 1),
+        ]
+        assert result["v"].to_pylist() == ["b", "d", "a", "c", "e"]
+
+
+def test_slice_handoff_serves_each_slice_by_its_ticket_only() -> None:
+    table = pa.table({"v": list(range(10))})
+    with SliceHandoff("127.0.0.1", [table.slice(0, 4), table.slice(4)]) as handoff:
+        second = pa.Table.from_batches(fetch_slice(handoff.location, handoff.tickets[1]))
+        assert second["v"].to_pylist() == list(range(4, 10))
+        with pytest.raises(flight.FlightUnauthorizedError, match="unknown block slice ticket"):
+            list(fetch_slice(handoff.location, b"guessed-ticket"))
