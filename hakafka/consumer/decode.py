@@ -132,6 +132,13 @@ class _ArrowDecoder(ABC):
         """Hook for formats that must rewrite values before parsing (never in place)."""
         return values, joined
 
+    def _reject(
+        self, idx: list[int], values: list[bytes], joined: bytes, bad: dict[int, str]
+    ) -> tuple[list[int], list[bytes], bytes]:
+        """Hook for formats whose parser must not see some values: moves them to `bad`."""
+        del bad
+        return idx, values, joined
+
     # -- engine ----------------------------------------------------------------------
 
     def decode(self, messages: Sequence[KafkaMessage]) -> DecodedBatch:
@@ -144,6 +151,7 @@ class _ArrowDecoder(ABC):
         if self._has_invalid_utf8(joined):
             idx, values = self._drop_invalid_utf8(idx, values, bad)
             joined = b"\n".join(values)
+        idx, values, joined = self._reject(idx, values, joined, bad)
         values, joined = self._normalize(values, joined)
         tables, good_spans = self._bisect(values, idx, joined, bad) if values else ([], [])
         parsed = self._assemble(tables)
@@ -406,6 +414,28 @@ class JsonDecoder(_ArrowDecoder):
             read_options=self.read_options,
             parse_options=self.parse_options,
         )
+
+    def _reject(
+        self, idx: list[int], values: list[bytes], joined: bytes, bad: dict[int, str]
+    ) -> tuple[list[int], list[bytes], bytes]:
+        """Move values that start with `null` (after whitespace) to `bad`.
+
+        pyarrow 26's read_json crashes the process (SIGSEGV) when a chunk starts with a
+        `null` record (even `null {}`) and reads a later `null` as a row of nulls.
+        """
+        if b"null" not in joined:
+            return idx, values, joined  # the common case: one C-level search
+        keep_idx: list[int] = []
+        keep: list[bytes] = []
+        for i, value in zip(idx, values, strict=True):
+            if value[:1] != b"{" and value.lstrip(b" \t\r\n").startswith(b"null"):
+                bad[i] = "JSON value is null, expected an object"
+                continue
+            keep_idx.append(i)
+            keep.append(value)
+        if len(keep) == len(values):
+            return idx, values, joined
+        return keep_idx, keep, b"\n".join(keep)
 
     def _normalize(self, values: list[bytes], joined: bytes) -> tuple[list[bytes], bytes]:
         if joined.count(b"\n") == len(values) - 1 and b"\r" not in joined:

@@ -232,3 +232,20 @@ def test_array_of_dates_is_cast_and_checked() -> None:
     assert dead_by_offset(decoded.dead_letters) == {
         101: "a Date value has a time of day (list<item: date32[day]> expected)"
     }
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_json_null_message_is_a_dead_letter_not_a_row_or_a_crash(first: bool) -> None:
+    # pyarrow's read_json segfaults on a chunk that starts with `null` and turns a later
+    # `null` into a row of nulls, which an all-Nullable schema would accept.
+    schema = PipelineSchema.of([("id", "Nullable(Int64)")])
+    values = [b" null\n", b'{"id": 1}', b"nope", b"null {}", b'{"id": 2}']
+    if not first:
+        values = values[1:] + values[:1]
+    decoded = make_decoder("json", schema).decode_columns(columns(values))
+    assert decoded.rows["id"].to_pylist() == [1, 2]
+    dead = dead_by_offset(decoded.dead_letters)
+    null_offsets = [100 + i for i, v in enumerate(values) if v.lstrip().startswith(b"null")]
+    assert sorted(dead) == sorted([*null_offsets, 100 + values.index(b"nope")])
+    for offset in null_offsets:
+        assert dead[offset] == "JSON value is null, expected an object"
