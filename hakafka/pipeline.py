@@ -35,7 +35,13 @@ from pyspark.sql import SparkSession
 
 from buffer import BufferFull, Catalog, OffsetRange, Thresholds, should_flush
 from hakafka.config import Config, PipelineConfig
-from hakafka.consumer import DecodedBatch, Decoder, PartitionConsumer, ShardAssignment
+from hakafka.consumer import (
+    DecodedBatch,
+    DecodeError,
+    Decoder,
+    PartitionConsumer,
+    ShardAssignment,
+)
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import FencedError, FencedState, PendingIntent
 from hakafka.faults import CrashPlan
@@ -91,6 +97,9 @@ class PipelineStatus:
     replayed_rows: int = 0
     refetched_rows: int = 0
     restarts: int = 0
+    # False when a restart would fail the same way: a bad message with `on_error = "fail"`
+    # waits for ops (as a failed Kafka Connect task does), it is not retried.
+    restartable: bool = True
 
 
 class PipelineLeader:
@@ -235,8 +244,11 @@ class PipelineLeader:
             self._set_stopped()
         except Exception as exc:
             self.status.error = f"{type(exc).__name__}: {exc}"
+            self.status.restartable = not isinstance(exc, DecodeError)
             self._set_state("failed")
-            self._log.error("pipeline.failed", error=self.status.error)
+            self._log.error(
+                "pipeline.failed", error=self.status.error, restartable=self.status.restartable
+            )
         finally:
             self._stop.set()
             if not self._flusher.is_alive() and self._flusher.ident is None:

@@ -14,7 +14,9 @@ must not wait for that):
 A pipeline that fails while the term holds (the broker or ClickHouse away during recovery, a
 flush that cannot land) is restarted within the same term after a growing delay (1 s, 2 s,
 4 s, ... 30 s), as Flink's exponential-delay restart strategy does: a transient outage heals
-without ops, and `status` shows the error and the restart count meanwhile.
+without ops, and `status` shows the error and the restart count meanwhile. A bad message under
+`on_error = "fail"` is not retried: the pipeline stays failed (the node unhealthy, the systemd
+watchdog unfed) until ops act.
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ class ShardRunner:
         if self.leadership is None or self.leadership.state is not LeadershipState.LEADER:
             return  # suspended or over: the next event decides
         for index, p in enumerate(self.pipelines):
-            if p.running:
+            if p.running or not p.status.restartable:
                 continue
             name = p.pipeline.name
             restarts = self._restarts.setdefault(name, _Restarts())

@@ -23,6 +23,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "state": s.state,
         "error": s.error,
         "restarts": s.restarts,
+        "restartable": s.restartable,
         "buffer_rows": p.buffer.rows.snapshot().rows,
         "buffer_bytes": p.buffer.nbytes,
         "open_rows": stats.rows,

@@ -75,6 +75,10 @@ def test_notify_order_and_watchdog_stops_when_a_pipeline_fails(
         time.sleep(5)
         late = [m for t, m in received if t > failed_at + 1.0 and "WATCHDOG=1" in m]
         assert late == [], "no watchdog ping while a pipeline is stuck"
+        # A bad message under on_error="fail" waits for ops: never restarted into a loop.
+        stuck = [p for s in node.status()["shards"] for p in s["pipelines"] if not p["restartable"]]
+        assert [(p["state"], p["restarts"]) for p in stuck] == [("failed", 0)], stuck
+        assert "offset" in stuck[0]["error"], stuck[0]["error"]
         assert any(t > failed_at + 1.0 and "STATUS=" in m for t, m in received)
         node.stop()
         time.sleep(0.5)
