@@ -39,6 +39,7 @@ from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from hakafka.devstack.kafka import KafkaBroker
 from hakafka.devstack.records import create_topic
 from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+from hakafka.logs import configure as configure_logs
 
 MIB = 1 << 20
 PARTITIONS = 8
@@ -483,6 +484,7 @@ def restart(
 
 
 def main() -> int:
+    configure_logs("console", "warning")  # the table, not the ops client's connection events
     root = Path(tempfile.mkdtemp(prefix="hakafka-e2e-bench-"))
     zk, broker, ch = (
         ZooKeeperEnsemble(root / "zk"),
