@@ -36,7 +36,10 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     ``do_get``: the ticket is UTF-8 SQL; the result streams as Arrow. Errors: bad SQL and
     row limit -> invalid argument (engine's message), refused -> unauthorized, timeout ->
     timed out; a wrong or missing token when ``token`` is set -> unauthenticated.
-    Call ``serve()`` (blocking, e.g. in a thread) and ``shutdown()``.
+    It serves from construction until ``shutdown()``. Do not call ``serve()`` in a process
+    that handles signals: it only waits, and while it waits Arrow's own SIGINT/SIGTERM
+    handler replaces the process's; with a second Flight server in the process (a flush
+    handoff) that handler ends up acting for neither, and SIGTERM is lost.
     """
 
     def __init__(

@@ -216,7 +216,6 @@ class Daemon:
         """Serve until a signal asks to stop; returns the process exit code."""
         self._install_signals()
         self.http.start()
-        threading.Thread(target=self.flight.serve, name="flight", daemon=True).start()
         self.coordinator.start()
         self.coordinator.register()
         if self.config.spark.on_followers:

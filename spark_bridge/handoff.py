@@ -12,15 +12,12 @@ can reach the port but was not handed the ticket cannot read the block.
 from __future__ import annotations
 
 import secrets
-import threading
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Self
 
 import pyarrow as pa
 from pyarrow import flight
-
-_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 class _SliceServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -43,16 +40,13 @@ class SliceHandoff:
     def __init__(self, host: str, slices: Sequence[pa.Table]) -> None:
         self.tickets = tuple(secrets.token_bytes(16) for _ in slices)
         self._server = _SliceServer(host, dict(zip(self.tickets, slices, strict=True)))
+        # Serving starts here. `serve()` is never called: it only waits, and while it waits
+        # Arrow's signal handler replaces the process's SIGTERM/SIGINT handlers.
         self.location = f"grpc://{host}:{self._server.port}"
-        self._thread = threading.Thread(
-            target=self._server.serve, name="flush-handoff", daemon=True
-        )
-        self._thread.start()
 
     def close(self) -> None:
-        """Stop serving (a fetch in progress is cut off); idempotent."""
+        """Stop serving, after the fetches in progress end; idempotent."""
         self._server.shutdown()
-        self._thread.join(_SHUTDOWN_TIMEOUT_S)
 
     def __enter__(self) -> Self:
         return self

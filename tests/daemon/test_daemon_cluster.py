@@ -147,6 +147,12 @@ def test_restart_replays_the_wal_instead_of_kafka(
     # Only the 5k new records were read from Kafka after the restart.
     assert metric(node, "hakafka_consumed_rows_total") == 5_000
     assert_exactly_once(ch_client, "events", first.good | second.good)
+    # SIGTERM after both shards flushed: a clean stop, not a SIGKILL at the deadline (Flight's
+    # serve() once swapped the signal handlers during flushes and the daemon missed SIGTERM).
+    began = time.monotonic()
+    node.stop(timeout=30.0)
+    assert '"daemon.stopped"' in node.log_path.read_text(), node.log_tail()
+    assert time.monotonic() - began < 30.0
 
 
 def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
