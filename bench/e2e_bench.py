@@ -470,7 +470,7 @@ def restart(
         node.start()
         wait(lambda: set(node.leads()) == {0, 1}, 300, "consuming after restart", 0.05)
         took = time.perf_counter() - began
-        replayed = sum(p["replayed_rows"] for s in node.status()["shards"] for p in s["pipelines"])
+        replayed = sum(p["replayed_rows"] for p in node.pipelines())
     finally:
         cluster.stop()
     rows.append(

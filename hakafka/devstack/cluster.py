@@ -207,6 +207,10 @@ class DaemonNode:
             and all(p["state"] == "consuming" for p in s["pipelines"])
         ]
 
+    def pipelines(self) -> list[dict[str, Any]]:
+        """Every pipeline of every shard this node runs, as its `/status` reports them."""
+        return [p for s in self.status().get("shards", []) for p in s.get("pipelines", [])]
+
     def log_tail(self, lines: int = 40) -> str:
         return self.process.log_tail(lines) if self.process is not None else ""
 

@@ -140,7 +140,7 @@ def test_restart_replays_the_wal_instead_of_kafka(
     node.start()
     node.wait_up()
     cluster.wait_leaders(ALL_SHARDS)
-    replayed = sum(p["replayed_rows"] for s in node.status()["shards"] for p in s["pipelines"])
+    replayed = sum(p["replayed_rows"] for p in node.pipelines())
     assert replayed == 20_000, "the buffer came back from the WAL"
     second = produce(stack.kafka, topic, 5_000, start=20_000)
     wait_for(lambda: count(ch_client, "events") >= 25_000, 120, "all rows flushed")
@@ -219,27 +219,25 @@ def test_pipeline_failed_in_recovery_restarts_once_clickhouse_is_back(
     cluster = make_cluster({"n1": ALL_SHARDS})
     node = cluster.nodes["n1"]
     produced = produce(stack.kafka, topic, 3_000)
-
-    def pipelines() -> list[dict[str, Any]]:
-        return [p for s in node.status().get("shards", []) for p in s.get("pipelines", [])]
-
     clickhouse.stop()
     try:
         cluster.start()
         # Recovery needs ClickHouse (tables, replicas): each pipeline fails, says why, and
         # its shard restarts it instead of leaving it failed for the rest of the term.
         wait_for(
-            lambda: len(pipelines()) == 2 and all(p["restarts"] >= 2 for p in pipelines()),
+            lambda: (
+                len(node.pipelines()) == 2 and all(p["restarts"] >= 2 for p in node.pipelines())
+            ),
             60,
             "two restarts of each pipeline while ClickHouse is down",
         )
-        errors = {p["error"] for p in pipelines() if p["state"] == "failed"}
-        assert None not in errors, pipelines()
+        errors = {p["error"] for p in node.pipelines() if p["state"] == "failed"}
+        assert None not in errors, node.pipelines()
     finally:
         clickhouse.start()
     client = clickhouse.client(database=ch_client.database)
     wait_for(
-        lambda: [p["state"] for p in pipelines()] == ["consuming", "consuming"],
+        lambda: [p["state"] for p in node.pipelines()] == ["consuming", "consuming"],
         90,
         "both pipelines consuming after the outage",
     )

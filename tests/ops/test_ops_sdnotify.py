@@ -64,9 +64,7 @@ def test_notify_order_and_watchdog_stops_when_a_pipeline_fails(
 
         produce(stack.kafka, topic, 10, partitions=8, bad_every=10)  # #9 is malformed
         wait_for(
-            lambda: any(
-                p["state"] == "failed" for s in node.status()["shards"] for p in s["pipelines"]
-            ),
+            lambda: any(p["state"] == "failed" for p in node.pipelines()),
             60,
             "the pipeline to fail on the malformed message",
         )
@@ -76,7 +74,7 @@ def test_notify_order_and_watchdog_stops_when_a_pipeline_fails(
         late = [m for t, m in received if t > failed_at + 1.0 and "WATCHDOG=1" in m]
         assert late == [], "no watchdog ping while a pipeline is stuck"
         # A bad message under on_error="fail" waits for ops: never restarted into a loop.
-        stuck = [p for s in node.status()["shards"] for p in s["pipelines"] if not p["restartable"]]
+        stuck = [p for p in node.pipelines() if not p["restartable"]]
         assert [(p["state"], p["restarts"]) for p in stuck] == [("failed", 0)], stuck
         assert "offset" in stuck[0]["error"], stuck[0]["error"]
         assert any(t > failed_at + 1.0 and "STATUS=" in m for t, m in received)
