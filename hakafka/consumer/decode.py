@@ -38,6 +38,7 @@ _LOG_SAMPLE = 5
 # Arrow parses in blocks; 4 MiB measured fastest for ~200-byte JSON records.
 _BLOCK_SIZE = 4 << 20
 _ROW_HINT = re.compile(r" in row (\d+)$")
+_NEWLINE, _BRACE = ord("\n"), ord("{")
 
 log = structlog.get_logger("hakafka.consumer.decode")
 
@@ -128,14 +129,11 @@ class _ArrowDecoder(ABC):
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         """Parse newline-joined `values` into a table of `self._text` (any row count)."""
 
-    def _normalize(self, values: list[bytes], joined: bytes) -> tuple[list[bytes], bytes]:
-        """Hook for formats that must rewrite values before parsing (never in place)."""
-        return values, joined
-
-    def _reject(
+    def _prepare(
         self, idx: list[int], values: list[bytes], joined: bytes, bad: dict[int, str]
     ) -> tuple[list[int], list[bytes], bytes]:
-        """Hook for formats whose parser must not see some values: moves them to `bad`."""
+        """Hook for formats whose parser must not see some values (moved to `bad`) or must see
+        them rewritten (never in place). Returns the kept indexes, values and their join."""
         del bad
         return idx, values, joined
 
@@ -151,8 +149,8 @@ class _ArrowDecoder(ABC):
         if self._has_invalid_utf8(joined):
             idx, values = self._drop_invalid_utf8(idx, values, bad)
             joined = b"\n".join(values)
-        idx, values, joined = self._reject(idx, values, joined, bad)
-        values, joined = self._normalize(values, joined)
+        if values:
+            idx, values, joined = self._prepare(idx, values, joined, bad)
         tables, good_spans = self._bisect(values, idx, joined, bad) if values else ([], [])
         parsed = self._assemble(tables)
         good_pos = (
@@ -170,13 +168,13 @@ class _ArrowDecoder(ABC):
     def _prefilter(
         self, values: list[bytes | None], bad: dict[int, str]
     ) -> tuple[list[int], list[bytes]]:
-        """Drop null/empty and oversized values; the fast check is one C-level pass each."""
+        """Drop null/empty and oversized values (the common case: one pass, no per-row work)."""
         limit = self.options.max_message_bytes
-        if (
-            values.count(None) == 0
-            and b"" not in values
-            and (not values or max(map(len, values)) <= limit)  # type: ignore[arg-type]
-        ):
+        try:
+            sizes = np.fromiter(map(len, values), np.int64, len(values))  # type: ignore[arg-type]
+        except TypeError:  # a null value
+            sizes = None
+        if sizes is not None and (not sizes.size or 0 < sizes.min() <= sizes.max() <= limit):
             return list(range(len(values))), values  # type: ignore[return-value]
         idx: list[int] = []
         kept: list[bytes] = []
@@ -415,40 +413,57 @@ class JsonDecoder(_ArrowDecoder):
             parse_options=self.parse_options,
         )
 
-    def _reject(
+    def _prepare(
         self, idx: list[int], values: list[bytes], joined: bytes, bad: dict[int, str]
     ) -> tuple[list[int], list[bytes], bytes]:
-        """Move values that start with `null` (after whitespace) to `bad`.
+        """Keep the parse to one row per message; the common case is one vectorised check.
 
-        pyarrow 26's read_json crashes the process (SIGSEGV) when a chunk starts with a
-        `null` record (even `null {}`) and reads a later `null` as a row of nulls.
+        Arrow reads a line of whitespace as no row and `{..} {..}` as two, so a whitespace
+        value next to a two-object one would shift every later row onto the wrong offset:
+        whitespace-only values are bad here, and then rows == messages means one row each.
+        A value starting with `null` is bad too: pyarrow 26's read_json crashes the process
+        (SIGSEGV) when a chunk starts with one and reads a later one as a row of nulls.
         """
-        if b"null" not in joined:
-            return idx, values, joined  # the common case: one C-level search
+        if _one_object_per_line(joined, len(values)):
+            return idx, values, joined
         keep_idx: list[int] = []
         keep: list[bytes] = []
         for i, value in zip(idx, values, strict=True):
-            if value[:1] != b"{" and value.lstrip(b" \t\r\n").startswith(b"null"):
+            text = value.strip(b" \t\r\n")
+            if not text:
+                bad[i] = "message holds only whitespace, expected a JSON object"
+                continue
+            if text.startswith(b"null"):
                 bad[i] = "JSON value is null, expected an object"
                 continue
             keep_idx.append(i)
-            keep.append(value)
-        if len(keep) == len(values):
-            return idx, values, joined
+            keep.append(_one_line(value))
         return keep_idx, keep, b"\n".join(keep)
 
-    def _normalize(self, values: list[bytes], joined: bytes) -> tuple[list[bytes], bytes]:
-        if joined.count(b"\n") == len(values) - 1 and b"\r" not in joined:
-            return values, joined
-        values = list(values)
-        for i, value in enumerate(values):
-            if b"\n" in value or b"\r" in value:
-                try:
-                    json.loads(value)
-                except ValueError:
-                    continue  # left as is: the parse rejects it with Arrow's error text
-                values[i] = value.replace(b"\r", b" ").replace(b"\n", b" ")
-        return values, b"\n".join(values)
+
+def _one_line(value: bytes) -> bytes:
+    """A JSON value with its raw newlines (whitespace between tokens) turned into spaces; an
+    invalid value is left as it is, for the parse to reject with Arrow's error text."""
+    if b"\n" not in value and b"\r" not in value:
+        return value
+    try:
+        json.loads(value)
+    except ValueError:
+        return value
+    return value.replace(b"\r", b" ").replace(b"\n", b" ")
+
+
+def _one_object_per_line(joined: bytes, count: int) -> bool:
+    """True if `joined` is `count` lines, each starting with `{`, and has no carriage return."""
+    data = np.frombuffer(joined, np.uint8)
+    newlines = np.flatnonzero(data == _NEWLINE)
+    return (
+        len(newlines) == count - 1
+        and data[0] == _BRACE
+        and (not len(newlines) or newlines[-1] + 1 < len(data))
+        and bool((data[newlines + 1] == _BRACE).all())
+        and b"\r" not in joined
+    )
 
 
 class RawDecoder(_ArrowDecoder):

@@ -234,6 +234,20 @@ def test_array_of_dates_is_cast_and_checked() -> None:
     }
 
 
+def test_two_objects_beside_a_whitespace_message_never_shift_rows_onto_wrong_offsets() -> None:
+    # Arrow reads `{..} {..}` on one line as two rows and a blank line as none: together they
+    # would still add up to one row per message, each on the wrong offset.
+    values = [good(0), good(1) + b" " + good(2), b" \t ", b"\n", good(3)]
+    decoded = make_decoder("json", SCHEMA).decode_columns(columns(values))
+    assert decoded.rows["id"].to_pylist() == [0, 3]
+    assert decoded.rows["_offset"].to_pylist() == [100, 104]
+    assert dead_by_offset(decoded.dead_letters) == {
+        101: "message holds 2 records, expected exactly one",
+        102: "message holds only whitespace, expected a JSON object",
+        103: "message holds only whitespace, expected a JSON object",
+    }
+
+
 @pytest.mark.parametrize("first", [True, False])
 def test_a_json_null_message_is_a_dead_letter_not_a_row_or_a_crash(first: bool) -> None:
     # pyarrow's read_json segfaults on a chunk that starts with `null` and turns a later
