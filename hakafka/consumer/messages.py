@@ -9,7 +9,6 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 
 class KafkaMessage(Protocol):
@@ -67,11 +66,11 @@ class MessageColumns:
 
     @cached_property
     def partition_array(self) -> pa.Array:
-        return pa.array(self.partitions, pa.int32())
+        return int_array(self.partitions, np.int32)
 
     @cached_property
     def offset_array(self) -> pa.Array:
-        return pa.array(self.offsets, pa.int64())
+        return int_array(self.offsets, np.int64)
 
     @cached_property
     def timestamp_array(self) -> pa.Array:
@@ -105,8 +104,15 @@ class MessageColumns:
         }
 
 
+def int_array(values: list[int], dtype: type[np.signedinteger]) -> pa.Array:
+    """A list of Python ints as an Arrow array without nulls (OverflowError if one does not
+    fit `dtype`)."""
+    # numpy converts ints of 2^30 and more (offsets, timestamps) ~8x faster than pa.array.
+    return pa.array(np.fromiter(values, dtype, count=len(values)))
+
+
 def kafka_timestamps(millis: list[int]) -> pa.Array:
     """Kafka timestamps as Arrow `timestamp[ms]`; a missing one (-1) becomes the epoch, which
     is also ClickHouse's default for DateTime64."""
-    raw = pa.array(millis, pa.int64())
-    return pc.max_element_wise(raw, 0).cast(pa.timestamp("ms"))
+    raw = np.maximum(np.fromiter(millis, np.int64, count=len(millis)), 0)
+    return pa.array(raw.view("datetime64[ms]"))
