@@ -53,11 +53,19 @@ def event(i: int) -> bytes:
 
 
 def produce(
-    bootstrap: str, topic: str, count: int, *, partitions: int, start: int = 0, bad_every: int = 0
+    bootstrap: str,
+    topic: str,
+    count: int,
+    *,
+    partitions: int,
+    start: int = 0,
+    bad_every: int = 0,
+    linger_ms: int = 20,
 ) -> Produced:
     """Records `start..start+count-1` round-robin over `partitions`; every `bad_every`-th one
-    is malformed JSON. Offsets come from the broker's delivery reports."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    is malformed JSON. Offsets come from the broker's delivery reports. A `linger_ms` longer
+    than producing `count` records takes sends them as one batch per partition."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "acks": "all"})
     result = Produced()
 
     def delivered(err: Any, msg: Any) -> None:
