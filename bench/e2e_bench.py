@@ -12,14 +12,19 @@
 4. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
    and the rows it replayed.
 5. Memory: the daemon's peak RSS (VmHWM) against its configured buffer limit.
+6. Sustained: a producer in its own process writes SUSTAIN_RATE rows/s for SUSTAIN_SECONDS;
+   the daemon's ingest and end-to-end rates after the first minute, its RSS sampled every
+   5 s (flat or not), the largest lag into ClickHouse and how long the rest took to drain.
 
-Run: .venv/bin/python bench/e2e_bench.py    (about 4-6 minutes)
+Run: .venv/bin/python bench/e2e_bench.py [--steps ingest,sustained,...]   (about 12 minutes)
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
+import multiprocessing
 import os
 import signal
 import statistics
@@ -50,6 +55,18 @@ FAILOVER_ROUNDS = 5
 WAL_MIB = 1024
 SESSION_TIMEOUT = 3.0
 ZK_ROOT = "/hakafka/bench"
+SUSTAIN_SECONDS = 300
+SUSTAIN_RATE = 40_000  # rows/s: about 80% of what one daemon ingests here with a producer
+SAMPLE_EVERY = 5.0
+# Flush blocks of 200k-1M rows, at most 5 s old; at most 1 GiB in the buffer.
+INGEST_BUFFER: dict[str, int | float] = {
+    "min_rows": 200_000,
+    "max_rows": 1_000_000,
+    "min_bytes": 1,
+    "min_age": 1,
+    "max_age": 5,
+    "limit_bytes": 1 << 30,
+}
 COLUMNS = {
     "id": "Int64",
     "user": "String",
@@ -163,9 +180,10 @@ def moved(leader: Callable[[], str | None], before: str | None) -> bool:
     return leader() not in (None, before)
 
 
-def peak_rss_mib(pid: int) -> float:
+def memory_mib(pid: int, field: str = "VmHWM") -> float:
+    """A memory figure of /proc/PID/status in MiB: VmHWM (peak RSS) or VmRSS (now)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -173,17 +191,23 @@ def peak_rss_mib(pid: int) -> float:
 def make_cluster(
     root: Path,
     stack: StackEndpoints,
+    ch: ClickHouseService,
+    name: str,
     *,
-    database: str,
-    topic: str,
     nodes: dict[str, list[int]],
     buffer: dict[str, int | float],
-) -> LocalCluster:
+) -> tuple[LocalCluster, str, str]:
+    """Bench step `name`'s cluster (not started) under `root/name`, with a topic `e2e_<name>`
+    and a ClickHouse database `name` of its own (both created here); returns it with the
+    topic and the database."""
+    topic, database = f"e2e_{name}", name
+    create_topic(stack.kafka, topic, PARTITIONS)
+    ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
     pipeline = PipelineSpec(
         name="events", topic=topic, table="events", columns=COLUMNS, buffer=buffer
     )
-    return LocalCluster(
-        root,
+    cluster = LocalCluster(
+        root / name,
         stack,
         nodes=nodes,
         shard_count=2,
@@ -193,30 +217,21 @@ def make_cluster(
         session_timeout=SESSION_TIMEOUT,
         rows_per_task=500_000,
     )
+    return cluster, topic, database
+
+
+def ingest_cluster(
+    root: Path, stack: StackEndpoints, ch: ClickHouseService, name: str
+) -> tuple[LocalCluster, str, str]:
+    """One daemon leading both shards, buffering as INGEST_BUFFER says (see make_cluster)."""
+    return make_cluster(root, stack, ch, name, nodes={"n1": [0, 1]}, buffer=INGEST_BUFFER)
 
 
 def ingest(
     root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
 ) -> None:
-    topic, database = "e2e_ingest", "ingest"
-    create_topic(stack.kafka, topic, PARTITIONS)
-    ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
-    limit = 1 << 30
-    cluster = make_cluster(
-        root / "ingest",
-        stack,
-        database=database,
-        topic=topic,
-        nodes={"n1": [0, 1]},
-        buffer={
-            "min_rows": 200_000,
-            "max_rows": 1_000_000,
-            "min_bytes": 1,
-            "min_age": 1,
-            "max_age": 5,
-            "limit_bytes": limit,
-        },
-    )
+    limit = int(INGEST_BUFFER["limit_bytes"])
+    cluster, topic, database = ingest_cluster(root, stack, ch, "ingest")
     node = cluster.nodes["n1"]
     try:
         cluster.start()
@@ -241,7 +256,7 @@ def ingest(
         wait(lambda: ch_count(ch, database) >= BACKLOG + 1, 900, "the backlog in ClickHouse", 0.25)
         flushed = time.perf_counter() - began
         assert node.pid is not None
-        rss = peak_rss_mib(node.pid)
+        rss = memory_mib(node.pid)
     finally:
         cluster.stop()
     raw = raw_consume(stack.kafka, topic, BACKLOG + 1)
@@ -288,17 +303,112 @@ def ingest(
     )
 
 
+def paced_producer(bootstrap: str, topic: str, rate: int, seconds: float, sent: Any) -> None:
+    """Produce `rate` messages a second for `seconds` (in 100 ms ticks, catching up when
+    behind) and keep `sent` (a shared counter) at the number produced. Runs in its own process."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1 << 20})
+    began = time.monotonic()
+    i = 0
+    while (elapsed := time.monotonic() - began) < seconds:
+        due = min(int(elapsed * rate) + rate // 10, int(seconds * rate))
+        while i < due:
+            try:
+                producer.produce(topic, value=message(i), partition=i % PARTITIONS)
+                i += 1
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        sent.value = i
+        time.sleep(max(0.0, (i / rate) - (time.monotonic() - began) - 0.1))
+    if producer.flush(120) != 0:
+        raise RuntimeError("sustained producer: messages undelivered after 120 s")
+    sent.value = i
+
+
+def sustained(
+    root: Path,
+    stack: StackEndpoints,
+    ch: ClickHouseService,
+    rows: list[tuple[str, ...]],
+    *,
+    rate: int = SUSTAIN_RATE,
+    seconds: float = SUSTAIN_SECONDS,
+) -> None:
+    """A producer in another process at a fixed rate for `seconds`; the daemon's ingest and
+    end-to-end rates over the run after its first minute, and its RSS sampled throughout."""
+    cluster, topic, database = ingest_cluster(root, stack, ch, "sustained")
+    node = cluster.nodes["n1"]
+    spawn = multiprocessing.get_context("spawn")  # no librdkafka threads cross a fork
+    sent = spawn.Value("q", 0)
+    samples: list[tuple[float, int, float, int, float]] = []  # t, sent, consumed, in CH, RSS
+    try:
+        cluster.start()
+        cluster.wait_leaders([0, 1])
+        assert node.pid is not None
+        producer = spawn.Process(
+            target=paced_producer, args=(stack.kafka, topic, rate, seconds, sent), daemon=True
+        )
+        began = time.monotonic()
+        producer.start()
+        while producer.is_alive() and time.monotonic() - began < seconds + 150:
+            samples.append(
+                (
+                    time.monotonic() - began,
+                    sent.value,
+                    metric(node, "hakafka_consumed_rows_total"),
+                    ch_count(ch, database),
+                    memory_mib(node.pid, "VmRSS"),
+                )
+            )
+            time.sleep(SAMPLE_EVERY)
+        producer.join(5)
+        if producer.exitcode != 0:
+            raise SystemExit(f"sustained producer failed (exit code {producer.exitcode})")
+        total = sent.value
+        drain_began = time.monotonic()
+        wait(lambda: ch_count(ch, database) >= total, 300, "the sustained rows in ClickHouse", 0.5)
+        drained = time.monotonic() - drain_began
+    finally:
+        cluster.stop()
+    # The window: from the end of the first minute to the last sample before the producer ended.
+    window = [s for s in samples if 60.0 <= s[0] <= seconds]
+    first, last = window[0], window[-1]
+    span = last[0] - first[0]
+    mib_per_row = len(message(0)) / MIB
+    lag = max(s[1] - s[3] for s in window)
+    for what, index in (
+        (f"sustained {seconds:.0f} s: producer (own process)", 1),
+        ("  ingest: Kafka -> WAL -> buffer", 2),
+        ("  end to end: -> Spark -> ClickHouse", 3),
+    ):
+        per_s = (last[index] - first[index]) / span
+        rows.append(
+            (
+                what,
+                f"{per_s:,.0f} rows/s",
+                f"{per_s * mib_per_row:.1f} MiB/s",
+                f"{per_s / ((last[1] - first[1]) / span):.2f} of produced",
+            )
+        )
+    rss = [s[4] for s in window]
+    rows.append(
+        (
+            "  RSS, minute 1 -> end of run",
+            f"{rss[0]:,.0f} -> {rss[-1]:,.0f} MiB",
+            f"min {min(rss):,.0f} max {max(rss):,.0f}",
+            f"max lag {lag:,} rows, drain {drained:.1f} s",
+        )
+    )
+
+
 def latency(
     root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
 ) -> None:
-    topic, database = "e2e_latency", "latency"
-    create_topic(stack.kafka, topic, PARTITIONS)
-    ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
-    cluster = make_cluster(
-        root / "latency",
+    cluster, topic, database = make_cluster(
+        root,
         stack,
-        database=database,
-        topic=topic,
+        ch,
+        "latency",
         nodes={"n1": [0, 1]},
         buffer={"min_rows": 1, "max_rows": 100_000, "min_bytes": 1, "min_age": 0.2, "max_age": 0.5},
     )
@@ -369,14 +479,11 @@ def timeit(fn: Callable[[], object]) -> float:
 def failover(
     root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
 ) -> None:
-    topic, database = "e2e_failover", "failover"
-    create_topic(stack.kafka, topic, PARTITIONS)
-    ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
-    cluster = make_cluster(
-        root / "failover",
+    cluster, _, database = make_cluster(
+        root,
         stack,
-        database=database,
-        topic=topic,
+        ch,
+        "failover",
         nodes={"n1": [0], "n2": [0]},
         buffer={"min_rows": 1000, "min_age": 1, "max_age": 2},
     )
@@ -435,16 +542,12 @@ def failover(
 def restart(
     root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
 ) -> None:
-    topic, database = "e2e_restart", "restart"
-    create_topic(stack.kafka, topic, PARTITIONS)
-    ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
     count = WAL_MIB * MIB // 210  # WAL bytes per row: the Arrow IPC of a decoded ~200 B message
-    produce_backlog(stack.kafka, topic, count)
-    cluster = make_cluster(
-        root / "restart",
+    cluster, topic, _ = make_cluster(
+        root,
         stack,
-        database=database,
-        topic=topic,
+        ch,
+        "restart",
         nodes={"n1": [0, 1]},
         buffer={
             "min_rows": 1_900_000,
@@ -454,6 +557,7 @@ def restart(
             "limit_bytes": 4 << 30,
         },
     )
+    produce_backlog(stack.kafka, topic, count)
     node = cluster.nodes["n1"]
     try:
         cluster.start()
@@ -484,6 +588,11 @@ def restart(
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sustain-seconds", type=float, default=SUSTAIN_SECONDS)
+    parser.add_argument("--sustain-rate", type=int, default=SUSTAIN_RATE, help="rows/s")
+    parser.add_argument("--steps", default="ingest,sustained,latency,failover,restart")
+    args = parser.parse_args()
     configure_logs("console", "warning")  # the table, not the ops client's connection events
     root = Path(tempfile.mkdtemp(prefix="hakafka-e2e-bench-"))
     zk, broker, ch = (
@@ -496,9 +605,18 @@ def main() -> int:
         for service in (zk, broker, ch):
             service.start()
         stack = StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}")
-        for step in (ingest, latency, failover, restart):
-            print(f"... {step.__name__}", file=sys.stderr, flush=True)
-            step(root, stack, ch, rows)
+        steps: dict[str, Callable[..., None]] = {
+            "ingest": ingest,
+            "sustained": functools.partial(
+                sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
+            ),
+            "latency": latency,
+            "failover": failover,
+            "restart": restart,
+        }
+        for name in args.steps.split(","):
+            print(f"... {name}", file=sys.stderr, flush=True)
+            steps[name](root, stack, ch, rows)
     finally:
         for service in (ch, broker, zk):
             service.stop()
