@@ -215,6 +215,9 @@ class Daemon:
     def run(self) -> int:
         """Serve until a signal asks to stop; returns the process exit code."""
         self._install_signals()
+        # pyarrow imports pandas on its first conversion (0.5-1 s): do it before any election, so
+        # that it never stalls a new leader's first batch.
+        pa.array([0])
         self.http.start()
         self.coordinator.start()
         self.coordinator.register()
