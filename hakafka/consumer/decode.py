@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -147,8 +147,7 @@ class _ArrowDecoder(ABC):
         idx, values = self._prefilter(columns.values, bad)
         joined = b"\n".join(values)
         if self._has_invalid_utf8(joined):
-            idx, values = self._drop_invalid_utf8(idx, values, bad)
-            joined = b"\n".join(values)
+            idx, values, joined = _screen(idx, values, bad, _utf8_problem)
         if values:
             idx, values, joined = self._prepare(idx, values, joined, bad)
         tables, good_spans = self._bisect(values, idx, joined, bad) if values else ([], [])
@@ -197,22 +196,6 @@ class _ArrowDecoder(ABC):
         except UnicodeDecodeError:
             return True
         return False
-
-    @staticmethod
-    def _drop_invalid_utf8(
-        idx: list[int], values: list[bytes], bad: dict[int, str]
-    ) -> tuple[list[int], list[bytes]]:
-        keep_idx: list[int] = []
-        keep: list[bytes] = []
-        for i, value in zip(idx, values, strict=True):
-            try:
-                value.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                bad[i] = f"invalid UTF-8 at byte {exc.start}: {exc.reason}"
-                continue
-            keep_idx.append(i)
-            keep.append(value)
-        return keep_idx, keep
 
     def _parse_chunk(self, joined: bytes, values: list[bytes]) -> pa.Table:
         """Parse and cast; raise unless the chunk yields exactly one row per message."""
@@ -426,19 +409,51 @@ class JsonDecoder(_ArrowDecoder):
         """
         if _one_object_per_line(joined, len(values)):
             return idx, values, joined
-        keep_idx: list[int] = []
-        keep: list[bytes] = []
-        for i, value in zip(idx, values, strict=True):
-            text = value.strip(b" \t\r\n")
-            if not text:
-                bad[i] = "message holds only whitespace, expected a JSON object"
-                continue
-            if text.startswith(b"null"):
-                bad[i] = "JSON value is null, expected an object"
-                continue
-            keep_idx.append(i)
-            keep.append(_one_line(value))
-        return keep_idx, keep, b"\n".join(keep)
+        return _screen(idx, values, bad, _json_problem, _one_line)
+
+
+def _screen(
+    idx: list[int],
+    values: list[bytes],
+    bad: dict[int, str],
+    problem: Callable[[bytes], str | None],
+    rewrite: Callable[[bytes], bytes] | None = None,
+) -> tuple[list[int], list[bytes], bytes]:
+    """Values in which `problem` finds nothing (rewritten if given), their indexes and their
+    join; the others go to `bad` with the problem's text."""
+    keep_idx: list[int] = []
+    keep: list[bytes] = []
+    for i, value in zip(idx, values, strict=True):
+        found = problem(value)
+        if found is not None:
+            bad[i] = found
+            continue
+        keep_idx.append(i)
+        keep.append(value if rewrite is None else rewrite(value))
+    return keep_idx, keep, b"\n".join(keep)
+
+
+def _utf8_problem(value: bytes) -> str | None:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"invalid UTF-8 at byte {exc.start}: {exc.reason}"
+    return None
+
+
+def _json_problem(value: bytes) -> str | None:
+    text = value.strip(b" \t\r\n")
+    if not text:
+        return "message holds only whitespace, expected a JSON object"
+    if text.startswith(b"null"):
+        return "JSON value is null, expected an object"
+    return None
+
+
+def _csv_problem(value: bytes) -> str | None:
+    if not value.strip(b"\r\n"):
+        return "message holds only line breaks, expected a CSV record"
+    return None
 
 
 def _one_line(value: bytes) -> bytes:
@@ -508,6 +523,16 @@ class CsvDecoder(_ArrowDecoder):
         self._convert = pcsv.ConvertOptions(
             column_types={f.name: f.type for f in self._text}, quoted_strings_can_be_null=False
         )
+
+    def _prepare(
+        self, idx: list[int], values: list[bytes], joined: bytes, bad: dict[int, str]
+    ) -> tuple[list[int], list[bytes], bytes]:
+        """Move messages of line breaks only to `bad`: Arrow skips them as empty lines, and
+        with a two-record message beside one, every later row would land on the wrong
+        offset. Without them, rows == messages means one row each."""
+        if joined.count(b"\n") == len(values) - 1 and b"\r" not in joined:
+            return idx, values, joined  # no value holds a line break
+        return _screen(idx, values, bad, _csv_problem)
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         del values

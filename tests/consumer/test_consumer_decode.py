@@ -216,6 +216,18 @@ def test_csv_decoder_parses_typed_fields_and_isolates_bad_rows() -> None:
     assert sorted(dead_by_offset(decoded.dead_letters)) == [102, 103]
 
 
+def test_csv_two_records_beside_a_line_break_message_never_shift_rows() -> None:
+    schema = PipelineSchema.of([("id", "UInt32"), ("name", "String")])
+    values = [b"1,a", b"2,b\n3,c", b"\r\n", b"4,d"]
+    decoded = make_decoder("csv", schema).decode_columns(columns(values))
+    assert decoded.rows["id"].to_pylist() == [1, 4]
+    assert decoded.rows["_offset"].to_pylist() == [100, 103]
+    assert dead_by_offset(decoded.dead_letters) == {
+        101: "message holds 2 records, expected exactly one",
+        102: "message holds only line breaks, expected a CSV record",
+    }
+
+
 def test_decoding_an_empty_batch_gives_an_empty_typed_batch() -> None:
     decoded = make_decoder("json", SCHEMA).decode_columns(columns([]))
     assert decoded.rows.num_rows == 0
