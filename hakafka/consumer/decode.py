@@ -4,10 +4,10 @@ The fast path parses the whole batch in one Arrow call (values joined with newli
 when that fails does the decoder bisect the batch to isolate the bad messages, so one bad
 message among 10k costs about two extra parses of the batch, not 10k small ones.
 
-Bad messages (invalid UTF-8, oversized, empty, unparsable, type mismatch, a required field
-absent or null) never stop a partition: `on_error="dead_letter"` returns them as dead-letter
-rows, `"skip"` logs and counts them, `"fail"` raises `DecodeError` naming the first offset.
-Good rows keep Kafka order.
+Bad messages (invalid UTF-8, oversized, empty or only whitespace, not exactly one record,
+unparsable, type mismatch, a required field absent or null) never stop a partition:
+`on_error="dead_letter"` returns them as dead-letter rows, `"skip"` logs and counts them,
+`"fail"` raises `DecodeError` naming the first offset. Good rows keep Kafka order.
 """
 
 from __future__ import annotations
