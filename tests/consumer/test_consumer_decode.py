@@ -17,6 +17,7 @@ from hakafka.consumer import (
     SchemaError,
     make_decoder,
 )
+from hakafka.consumer.decode import Format
 
 SCHEMA = PipelineSchema.of(
     [("id", "Int64"), ("name", "String"), ("score", "Nullable(Float64)"), ("day", "Date")],
@@ -216,18 +217,6 @@ def test_csv_decoder_parses_typed_fields_and_isolates_bad_rows() -> None:
     assert sorted(dead_by_offset(decoded.dead_letters)) == [102, 103]
 
 
-def test_csv_two_records_beside_a_line_break_message_never_shift_rows() -> None:
-    schema = PipelineSchema.of([("id", "UInt32"), ("name", "String")])
-    values = [b"1,a", b"2,b\n3,c", b"\r\n", b"4,d"]
-    decoded = make_decoder("csv", schema).decode_columns(columns(values))
-    assert decoded.rows["id"].to_pylist() == [1, 4]
-    assert decoded.rows["_offset"].to_pylist() == [100, 103]
-    assert dead_by_offset(decoded.dead_letters) == {
-        101: "message holds 2 records, expected exactly one",
-        102: "message holds only line breaks, expected a CSV record",
-    }
-
-
 def test_decoding_an_empty_batch_gives_an_empty_typed_batch() -> None:
     decoded = make_decoder("json", SCHEMA).decode_columns(columns([]))
     assert decoded.rows.num_rows == 0
@@ -246,18 +235,45 @@ def test_array_of_dates_is_cast_and_checked() -> None:
     }
 
 
-def test_two_objects_beside_a_whitespace_message_never_shift_rows_onto_wrong_offsets() -> None:
-    # Arrow reads `{..} {..}` on one line as two rows and a blank line as none: together they
-    # would still add up to one row per message, each on the wrong offset.
-    values = [good(0), good(1) + b" " + good(2), b" \t ", b"\n", good(3)]
-    decoded = make_decoder("json", SCHEMA).decode_columns(columns(values))
-    assert decoded.rows["id"].to_pylist() == [0, 3]
-    assert decoded.rows["_offset"].to_pylist() == [100, 104]
-    assert dead_by_offset(decoded.dead_letters) == {
-        101: "message holds 2 records, expected exactly one",
-        102: "message holds only whitespace, expected a JSON object",
-        103: "message holds only whitespace, expected a JSON object",
-    }
+@pytest.mark.parametrize(
+    ("format", "schema", "values", "kept", "dead"),
+    [
+        (
+            "json",
+            SCHEMA,
+            [good(0), good(1) + b" " + good(2), b" \t ", b"\n", good(3)],
+            [(0, 100), (3, 104)],
+            {
+                101: "message holds 2 records, expected exactly one",
+                102: "message holds only whitespace, expected a JSON object",
+                103: "message holds only whitespace, expected a JSON object",
+            },
+        ),
+        (
+            "csv",
+            PipelineSchema.of([("id", "UInt32"), ("name", "String")]),
+            [b"1,a", b"2,b\n3,c", b"\r\n", b"4,d"],
+            [(1, 100), (4, 103)],
+            {
+                101: "message holds 2 records, expected exactly one",
+                102: "message holds only line breaks, expected a CSV record",
+            },
+        ),
+    ],
+)
+def test_two_records_beside_an_empty_line_never_shift_rows_onto_wrong_offsets(
+    format: Format,
+    schema: PipelineSchema,
+    values: list[bytes],
+    kept: list[tuple[int, int]],
+    dead: dict[int, str],
+) -> None:
+    # Arrow reads two records in one message as two rows and a blank line as none: together
+    # they would still add up to one row per message, each on the wrong offset.
+    decoded = make_decoder(format, schema).decode_columns(columns(values))
+    rows = decoded.rows
+    assert list(zip(rows["id"].to_pylist(), rows["_offset"].to_pylist(), strict=True)) == kept
+    assert dead_by_offset(decoded.dead_letters) == dead
 
 
 @pytest.mark.parametrize("first", [True, False])

@@ -225,9 +225,7 @@ def test_pipeline_failed_in_recovery_restarts_once_clickhouse_is_back(
         # Recovery needs ClickHouse (tables, replicas): each pipeline fails, says why, and
         # its shard restarts it instead of leaving it failed for the rest of the term.
         wait_for(
-            lambda: (
-                len(node.pipelines()) == 2 and all(p["restarts"] >= 2 for p in node.pipelines())
-            ),
+            lambda: len(ps := node.pipelines()) == 2 and all(p["restarts"] >= 2 for p in ps),
             60,
             "two restarts of each pipeline while ClickHouse is down",
         )
