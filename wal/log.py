@@ -59,8 +59,9 @@ class WriteAheadLog:
 
     Records are appended to the active (last) segment; a new segment starts when the next
     record would take the active one past `segment_bytes` (a record never spans segments, so a
-    record larger than that gets a segment of its own). Methods may be called from several
-    threads; appends are serialised.
+    record larger than that gets a segment of its own). The active segment has `segment_bytes`
+    reserved on disk where the file system allows it; a sealed or closed one gives back what it
+    did not use. Methods may be called from several threads; appends are serialised.
     """
 
     def __init__(self, directory: Path, config: WalConfig) -> None:
@@ -80,9 +81,13 @@ class WriteAheadLog:
             self.repair_report: RepairReport = repair(directory)
             existing = list_segments(directory)
             if existing:
-                self._writer = SegmentWriter(directory, existing[-1].index, create=False)
+                self._writer = SegmentWriter(
+                    directory, existing[-1].index, create=False, reserve_bytes=config.segment_bytes
+                )
             else:
-                self._writer = SegmentWriter(directory, 0, create=True)
+                self._writer = SegmentWriter(
+                    directory, 0, create=True, reserve_bytes=config.segment_bytes
+                )
                 fsync_dir(directory)
         except BaseException:
             self._lock.release()
@@ -155,7 +160,9 @@ class WriteAheadLog:
             old.datasync()
             self._syncs += 1
             self._synced_appends = self._appends
-        self._writer = SegmentWriter(self.directory, old.index + 1, create=True)
+        self._writer = SegmentWriter(
+            self.directory, old.index + 1, create=True, reserve_bytes=self.config.segment_bytes
+        )
         old.close()
         fsync_dir(self.directory)
         return self._writer

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from wal import reserve
 from wal.errors import SegmentDamageError
 from wal.record import (
     FRAME_BYTES,
@@ -70,8 +71,12 @@ def fsync_dir(directory: Path) -> None:
 class SegmentWriter:
     """The active segment, open for appending. Not thread-safe: the log serialises access."""
 
-    def __init__(self, directory: Path, index: int, create: bool):
-        """Open segment `index` for appending; with `create`, the file must not exist yet."""
+    def __init__(self, directory: Path, index: int, create: bool, reserve_bytes: int):
+        """Open segment `index` for appending; with `create`, the file must not exist yet.
+
+        The first `reserve_bytes` of the file are reserved on disk where the file system allows
+        it (see wal.reserve); close() gives back what was not written.
+        """
         self.index = index
         self.path = directory / segment_name(index)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
@@ -79,6 +84,7 @@ class SegmentWriter:
             flags |= os.O_CREAT | os.O_EXCL
         self.fd = os.open(self.path, flags, 0o644)
         self.size = os.fstat(self.fd).st_size
+        self._reserved = reserve.reserve(self.fd, reserve_bytes)
 
     def append(self, record_type: RecordType, header: bytes, payload: memoryview) -> Position:
         """Write one record at the end of the file (no fsync) and return where it starts.
@@ -102,7 +108,12 @@ class SegmentWriter:
         os.fdatasync(self.fd)
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Give back unwritten reserved blocks and close the file."""
+        try:
+            if self._reserved:
+                reserve.release(self.fd)
+        finally:
+            os.close(self.fd)
 
 
 def _skip(parts: list[memoryview], count: int) -> list[memoryview]:

@@ -201,3 +201,27 @@ def test_closed_log_refuses_work_and_close_is_idempotent(tmp_path: Path) -> None
         log.append(b"", b"y")
     with pytest.raises(WalClosedError):
         list(log.replay())
+
+
+def test_active_segment_reserves_its_size_and_gives_the_rest_back_when_sealed_or_closed(
+    tmp_path: Path,
+) -> None:
+    segment_bytes = 1 << 20
+
+    def disk_bytes(path: Path) -> int:
+        return os.stat(path).st_blocks * 512
+
+    with WriteAheadLog.open(tmp_path, segment_bytes=segment_bytes) as log:
+        log.append(b"h", b"x" * 1000)
+        first = log.segments()[0]
+        assert first.size == 16 + 1 + 1000  # the reservation never shows in the size
+        assert disk_bytes(first.path) >= segment_bytes
+    assert disk_bytes(first.path) < 64 << 10
+    with WriteAheadLog.open(tmp_path, segment_bytes=segment_bytes) as log:
+        assert disk_bytes(first.path) >= segment_bytes  # reopened: active again
+        log.append(b"h", b"y" * (segment_bytes - 1000))  # does not fit: rolls
+        sealed, active = log.segments()
+        assert sealed.size == first.size
+        assert disk_bytes(sealed.path) < 64 << 10
+        assert disk_bytes(active.path) >= segment_bytes
+        assert [bytes(r.payload[:1]) for r in log.replay()] == [b"x", b"y"]
