@@ -3,8 +3,9 @@
 Append: WriteAheadLog with fsync=batch, one sync() per record (the daemon syncs once per consumed
 batch), against raw sequential os.write + os.fdatasync of the same record sizes.
 Replay: WriteAheadLog.replay() (CRC-checked) against a raw sequential readinto of the same files.
-Each figure is the best of several alternating runs (raw, wal, raw, wal, ...).
-Targets: append >= 80 %, replay >= 50 %.
+Raw and WAL runs are paired and alternate (raw first in even rounds, WAL first in odd ones), so
+the disk's swings hit both alike: the ratio is the median of the pairs' ratios, printed with its
+range; throughputs are medians. Targets: append >= 80 %, replay >= 50 %.
 
 Run: .venv/bin/python bench/wal_bench.py [--dir DIR]
 """
@@ -15,19 +16,21 @@ import argparse
 import functools
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from wal import WriteAheadLog
 
 MIB = 1 << 20
-# (record size, records per run): 128-256 MiB per run; 64 KiB runs of only 32 MiB (80 ms)
-# swung 73-85% between runs on fdatasync jitter alone.
-CASES = [(64 << 10, 2048), (1 * MIB, 128), (8 * MIB, 32)]
-REPEATS = 5  # appends fsync to a shared disk whose speed swings: take the best of more
-REPLAY_REPEATS = 7  # reads are short and the page cache is noisy: take more samples
+# (record size, records per run): 64-128 MiB per run, each run a fresh file or log.
+CASES = [(64 << 10, 1024), (1 * MIB, 128), (8 * MIB, 16)]
+# A shared virtual disk's fdatasync swings by 20-30% from run to run: pair many short runs.
+APPEND_ROUNDS = 11
+REPLAY_ROUNDS = 11
 
 
 def raw_append(directory: Path, payload: bytes, count: int) -> float:
@@ -75,12 +78,37 @@ def wal_replay(directory: Path) -> float:
         return time.perf_counter() - started
 
 
-def best_alternating(
-    first: Callable[[], float], second: Callable[[], float]
-) -> tuple[float, float]:
-    """Best time of each of two runs, alternated so that load on the machine hits both alike."""
-    times = [(first(), second()) for _ in range(REPLAY_REPEATS)]
-    return min(t[0] for t in times), min(t[1] for t in times)
+@dataclass(frozen=True)
+class Paired:
+    """Seconds of `rounds` paired runs of a raw baseline and the WAL."""
+
+    raw: list[float]
+    wal: list[float]
+
+    def ratios(self) -> list[float]:
+        """WAL speed as a fraction of raw speed, one per pair."""
+        return sorted(raw / wal for raw, wal in zip(self.raw, self.wal, strict=True))
+
+    def row(self, test: str, label: str, mib: float) -> str:
+        ratios = self.ratios()
+        return (
+            f"{test:<8} {label:>7} {mib:>5.0f} {mib / statistics.median(self.raw):>10.1f} "
+            f"{mib / statistics.median(self.wal):>10.1f} {statistics.median(ratios):>6.0%} "
+            f"{ratios[0]:>5.0%}-{ratios[-1]:.0%}"
+        )
+
+
+def paired(raw: Callable[[], float], wal: Callable[[], float], rounds: int) -> Paired:
+    """Run `raw` and `wal` `rounds` times each, alternating which of a pair goes first."""
+    result = Paired([], [])
+    for number in range(rounds):
+        if number % 2:
+            result.wal.append(wal())
+            result.raw.append(raw())
+        else:
+            result.raw.append(raw())
+            result.wal.append(wal())
+    return result
 
 
 def main() -> None:
@@ -88,30 +116,32 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="wal_bench_", dir=args.dir))
-    print(f"directory: {directory}  (best of {REPEATS} appends, {REPLAY_REPEATS} reads)")
-    print(f"{'test':<8} {'record':>7} {'MiB':>5} {'raw MiB/s':>10} {'wal MiB/s':>10} {'ratio':>6}")
+    print(
+        f"directory: {directory}  "
+        f"(medians of {APPEND_ROUNDS} paired appends, {REPLAY_ROUNDS} reads)"
+    )
+    print(
+        f"{'test':<8} {'record':>7} {'MiB':>5} {'raw MiB/s':>10} {'wal MiB/s':>10} "
+        f"{'ratio':>6} {'range':>9}"
+    )
     try:
         for size, count in CASES:
             payload = os.urandom(size)
             total = size * count / MIB
             label = f"{size // 1024} KiB" if size < MIB else f"{size // MIB} MiB"
-            raw_s, wal_s = float("inf"), float("inf")
-            for _ in range(REPEATS):  # alternate, so drift in the disk hits both alike
-                raw_s = min(raw_s, raw_append(directory, payload, count))
-                wal_s = min(wal_s, wal_append(directory, payload, count))
-            (directory / "raw.bin").unlink()
-            print(
-                f"{'append':<8} {label:>7} {total:>5.0f} {total / raw_s:>10.1f} "
-                f"{total / wal_s:>10.1f} {raw_s / wal_s:>6.0%}"
+            appends = paired(
+                functools.partial(raw_append, directory, payload, count),
+                functools.partial(wal_append, directory, payload, count),
+                APPEND_ROUNDS,
             )
-            read_s, replay_s = best_alternating(
+            (directory / "raw.bin").unlink()
+            print(appends.row("append", label, total))
+            replays = paired(
                 functools.partial(raw_read, directory, size),
                 functools.partial(wal_replay, directory),
+                REPLAY_ROUNDS,
             )
-            print(
-                f"{'replay':<8} {label:>7} {total:>5.0f} {total / read_s:>10.1f} "
-                f"{total / replay_s:>10.1f} {read_s / replay_s:>6.0%}"
-            )
+            print(replays.row("replay", label, total))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
