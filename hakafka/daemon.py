@@ -188,8 +188,10 @@ class Daemon:
 
         return replicas
 
-    def _pipelines_for(self, shard: int) -> Callable[[Leadership], list[PipelineLeader]]:
-        def make(leadership: Leadership) -> list[PipelineLeader]:
+    def _pipelines_for(
+        self, shard: int
+    ) -> Callable[[Leadership, str | None], list[PipelineLeader]]:
+        def make(leadership: Leadership, only: str | None) -> list[PipelineLeader]:
             fenced = leadership.fenced()  # one token for the whole term
             return [
                 PipelineLeader(
@@ -206,6 +208,7 @@ class Daemon:
                     crash=self.crash,
                 )
                 for p in self._pipelines
+                if only is None or p.config.name == only
             ]
 
         return make

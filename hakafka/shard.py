@@ -70,13 +70,17 @@ class _Restarts:
 
 
 class ShardRunner:
-    """The candidacy of this node in one shard and, while leading, its pipelines."""
+    """The candidacy of this node in one shard and, while leading, its pipelines.
+
+    `make_pipelines(leadership, only)` builds the pipelines of a term, unstarted: all of them,
+    or with `only` the one of that name (to restart it without touching the others).
+    """
 
     def __init__(
         self,
         shard: int,
         coordinator: Coordinator,
-        make_pipelines: Callable[[Leadership], list[PipelineLeader]],
+        make_pipelines: Callable[[Leadership, str | None], list[PipelineLeader]],
         *,
         metrics: Metrics,
         flush_grace_s: float,
@@ -175,11 +179,10 @@ class ShardRunner:
         failed = self.pipelines[index]
         failed.stop(0.0)
         try:
-            fresh = self._make_pipelines(self.leadership)
+            (pipeline,) = self._make_pipelines(self.leadership, failed.pipeline.name)
         except FencedError as exc:
             self._log.warning("leader.term_already_over", error=str(exc))
             return False
-        (pipeline,) = (p for p in fresh if p.pipeline.name == failed.pipeline.name)
         restarts.count += 1
         restarts.last_at, restarts.failed_at = time.monotonic(), None
         pipeline.status.restarts = failed.status.restarts + 1
@@ -227,7 +230,7 @@ class ShardRunner:
             # A Spark session takes seconds to start: begin now, not at the first flush.
             threading.Thread(target=self._warm_up, name="spark-warm-up", daemon=True).start()
         try:
-            pipelines = self._make_pipelines(self.leadership)
+            pipelines = self._make_pipelines(self.leadership, None)
         except FencedError as exc:  # the term ended before we got to it: its loss event follows
             self._log.warning("leader.term_already_over", error=str(exc))
             return
