@@ -5,14 +5,17 @@
    shards consumes them: rows/s and MiB/s into the buffer (Kafka -> decode -> WAL synced per
    batch -> buffer) and into ClickHouse (-> Spark -> ClickHouse, checkpointed), next to a raw
    librdkafka consume of the same messages from the same broker (and the producer's rate).
-2. Latency: single timestamped messages produced at a low rate; time until each is
+2. Catch-up: the same, but the backlog is produced before the daemon starts (its Spark
+   session already up), so nothing competes with it for the cores: the daemon's own ingest
+   and end-to-end rates, next to a raw consume of the same backlog.
+3. Latency: single timestamped messages produced at a low rate; time until each is
    queryable in the leader's buffer (Flight) and until it is counted in ClickHouse.
-3. Failover: time from an ops failover request, and from a SIGKILL of the leader, until the
+4. Failover: time from an ops failover request, and from a SIGKILL of the leader, until the
    new leader consumes (its `leader` znode says so), next to the session timeout.
-4. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
+5. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
    and the rows it replayed.
-5. Memory: the daemon's peak RSS (VmHWM) against its configured buffer limit.
-6. Sustained: a producer in its own process writes SUSTAIN_RATE rows/s for SUSTAIN_SECONDS;
+6. Memory: the daemon's peak RSS (VmHWM) against its configured buffer limit.
+7. Sustained: a producer in its own process writes SUSTAIN_RATE rows/s for SUSTAIN_SECONDS;
    the daemon's ingest and end-to-end rates after the first minute, its RSS sampled every
    5 s (flat or not), the largest lag into ClickHouse and how long the rest took to drain.
 
@@ -30,6 +33,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +52,9 @@ from hakafka.logs import configure as configure_logs
 
 MIB = 1 << 20
 PARTITIONS = 8
+SHARDS = 2
 BACKLOG = 1_000_000
+CATCHUP_BACKLOG = 3_000_000  # about 12 s of catch-up: long enough to time at 0.1 s
 LATENCY_SAMPLES = 100
 CLICKHOUSE_SAMPLES = 10
 FAILOVER_ROUNDS = 5
@@ -123,25 +129,45 @@ def produce_backlog(bootstrap: str, topic: str, count: int) -> int:
 
 
 def raw_consume(bootstrap: str, topic: str, count: int) -> float:
-    """Seconds for librdkafka to hand over `count` messages (no per-message work)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "bench-raw",
-            "enable.auto.commit": False,
-            "fetch.max.bytes": 64 * MIB,
-            "max.partition.fetch.bytes": 16 * MIB,
-            "queued.max.messages.kbytes": 262144,
-            "fetch.wait.max.ms": 10,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    got = 0
+    """Seconds for librdkafka to hand over `count` messages (no per-message work), read as the
+    daemon reads them: one consumer per shard, in threads, each with its shard's partitions."""
+    consumers = []
+    for shard in range(SHARDS):
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "bench-raw",
+                "enable.auto.commit": False,
+                "fetch.max.bytes": 64 * MIB,
+                "max.partition.fetch.bytes": 16 * MIB,
+                "queued.max.messages.kbytes": 262144,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        consumer.assign(
+            [TopicPartition(topic, p, 0) for p in range(PARTITIONS) if p % SHARDS == shard]
+        )
+        consumers.append(consumer)
+    got, lock, done = [0], threading.Lock(), threading.Event()
+
+    def drain(consumer: Consumer) -> None:
+        while not done.is_set():
+            count_now = len(consumer.consume(10_000, 0.2))
+            with lock:
+                got[0] += count_now
+                if got[0] >= count:
+                    done.set()
+
+    threads = [threading.Thread(target=drain, args=(c,), daemon=True) for c in consumers]
     began = time.perf_counter()
-    while got < count:
-        got += len(consumer.consume(10_000, 1.0))
+    for thread in threads:
+        thread.start()
+    if not done.wait(600):
+        raise TimeoutError(f"raw consume got {got[0]} of {count} messages in 600 s")
     took = time.perf_counter() - began
-    consumer.close()
+    for thread, consumer in zip(threads, consumers, strict=True):
+        thread.join(30)
+        consumer.close()
     return took
 
 
@@ -196,6 +222,7 @@ def make_cluster(
     *,
     nodes: dict[str, list[int]],
     buffer: dict[str, int | float],
+    spark_on_followers: bool = False,
 ) -> tuple[LocalCluster, str, str]:
     """Bench step `name`'s cluster (not started) under `root/name`, with a topic `e2e_<name>`
     and a ClickHouse database `name` of its own (both created here); returns it with the
@@ -210,12 +237,13 @@ def make_cluster(
         root / name,
         stack,
         nodes=nodes,
-        shard_count=2,
+        shard_count=SHARDS,
         pipelines=[pipeline],
         zk_root=f"{ZK_ROOT}/{database}",
         database=database,
         session_timeout=SESSION_TIMEOUT,
         rows_per_task=500_000,
+        spark_on_followers=spark_on_followers,
     )
     return cluster, topic, database
 
@@ -299,6 +327,73 @@ def ingest(
             f"{rss:,.0f} MiB",
             f"limit {limit / MIB:,.0f} MiB",
             f"{rss / (limit / MIB):.2f}",
+        )
+    )
+
+
+def catchup(
+    root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
+) -> None:
+    """The daemon's own ingest rate: a backlog produced before it starts (no producer competes
+    for the cores), Spark up before it stands for election; timed from its first consumed
+    batch, next to a raw consume of the same backlog."""
+    cluster, topic, database = make_cluster(
+        root,
+        stack,
+        ch,
+        "catchup",
+        nodes={"n1": [0, 1]},
+        buffer=INGEST_BUFFER,
+        spark_on_followers=True,
+    )
+    size = produce_backlog(stack.kafka, topic, CATCHUP_BACKLOG)
+    node = cluster.nodes["n1"]
+    try:
+        cluster.start()
+        consumed = functools.partial(metric, node, "hakafka_consumed_rows_total")
+        wait(lambda: consumed() > 0, 300, "the first consumed batch", 0.02)
+        began, before = time.perf_counter(), consumed()
+        wait(lambda: consumed() >= CATCHUP_BACKLOG, 600, "the backlog in the buffer", 0.1)
+        buffered = time.perf_counter() - began
+        wait(
+            lambda: ch_count(ch, database) >= CATCHUP_BACKLOG,
+            900,
+            "the backlog in ClickHouse",
+            0.25,
+        )
+        flushed = time.perf_counter() - began
+    finally:
+        cluster.stop()
+    raw = raw_consume(stack.kafka, topic, CATCHUP_BACKLOG)
+    timed = CATCHUP_BACKLOG - before
+    mib = size / MIB * timed / CATCHUP_BACKLOG
+    rows.append((f"catch-up of {CATCHUP_BACKLOG:,} messages produced first:", "", "", ""))
+    rows.append(
+        (
+            "  raw librdkafka consume (baseline)",
+            f"{CATCHUP_BACKLOG / raw:,.0f} rows/s",
+            f"{size / MIB / raw:.1f} MiB/s",
+            "1.00",
+        )
+    )
+    for label, seconds in (
+        ("  ingest: Kafka -> WAL -> buffer", buffered),
+        ("  end to end: -> Spark -> ClickHouse", flushed),
+    ):
+        rows.append(
+            (
+                label,
+                f"{timed / seconds:,.0f} rows/s",
+                f"{mib / seconds:.1f} MiB/s",
+                f"{raw / CATCHUP_BACKLOG * timed / seconds:.2f}",
+            )
+        )
+    rows.append(
+        (
+            "  last row in ClickHouse after the last in the buffer",
+            f"{flushed - buffered:.1f} s",
+            f"max_age {INGEST_BUFFER['max_age']} s",
+            "",
         )
     )
 
@@ -595,7 +690,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sustain-seconds", type=float, default=SUSTAIN_SECONDS)
     parser.add_argument("--sustain-rate", type=int, default=SUSTAIN_RATE, help="rows/s")
-    parser.add_argument("--steps", default="ingest,sustained,latency,failover,restart")
+    parser.add_argument("--steps", default="ingest,catchup,sustained,latency,failover,restart")
     args = parser.parse_args()
     configure_logs("console", "warning")  # the table, not the ops client's connection events
     root = Path(tempfile.mkdtemp(prefix="hakafka-e2e-bench-"))
@@ -611,6 +706,7 @@ def main() -> int:
         stack = StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}")
         steps: dict[str, Callable[..., None]] = {
             "ingest": ingest,
+            "catchup": catchup,
             "sustained": functools.partial(
                 sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
             ),

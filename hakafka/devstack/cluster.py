@@ -66,6 +66,7 @@ def render_config(
     database: str = "default",
     spark_conf: Mapping[str, str] | None = None,
     rows_per_task: int = 500_000,
+    spark_on_followers: bool = False,
 ) -> str:
     """The TOML text of one node's config."""
     lines = [
@@ -94,6 +95,7 @@ def render_config(
         'master = "local[2]"',
         'driver_memory = "1g"',
         f"rows_per_task = {rows_per_task}",
+        f"on_followers = {_toml_value(spark_on_followers)}",
     ]
     if spark_conf:
         lines += ["", "[spark.conf]"] + [
@@ -230,6 +232,7 @@ class LocalCluster:
         database: str = "default",
         session_timeout: float = 4.0,
         rows_per_task: int = 500_000,
+        spark_on_followers: bool = False,
     ) -> None:
         self.root = root
         self.stack = stack
@@ -254,6 +257,7 @@ class LocalCluster:
                 session_timeout=session_timeout,
                 database=database,
                 rows_per_task=rows_per_task,
+                spark_on_followers=spark_on_followers,
             )
             self.nodes[node] = DaemonNode(node, root, text, http, flight)
 
