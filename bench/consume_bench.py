@@ -2,8 +2,10 @@
 
 Produces its own data (500k JSON messages of ~200 bytes over 8 partitions), then measures in
 one run: raw batched `Consumer.consume` (no per-message work; librdkafka defaults, then the
-hakafka tuning) as the baseline, `PartitionConsumer` + `JsonDecoder` to Arrow, and decode
-alone (wall and one-core CPU time), plus the cost of isolating one bad message per batch.
+hakafka tuning) as the baseline against `PartitionConsumer` + `JsonDecoder` to Arrow; decode
+alone in one-core CPU time against the bare `pyarrow.json` parser; and the cost of isolating
+one bad message per batch. Each pair runs alternately several times (see pairing.py); the
+ratios are the medians of the pairs'.
 Published anchor: ByteHouse HaKafka, 10-20 MiB/s per consumer.
 
 Run: .venv/bin/python bench/consume_bench.py
@@ -11,6 +13,7 @@ Run: .venv/bin/python bench/consume_bench.py
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
@@ -24,6 +27,7 @@ import structlog
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from pairing import paired
 
 from hakafka.consumer import (
     JsonDecoder,
@@ -38,6 +42,9 @@ from hakafka.devstack.kafka import KafkaBroker
 MESSAGES = 500_000
 PARTITIONS = 8
 BATCH = 10_000
+# Paired, alternating rounds (see pairing.py): consume runs take ~2 s, decode runs ~1 s.
+CONSUME_ROUNDS = 5
+DECODE_ROUNDS = 7
 TOPIC = "bench_events"
 MIB = 1 << 20
 SCHEMA = PipelineSchema.of(
@@ -123,7 +130,16 @@ def raw_consume(bootstrap: str, tuning: dict[str, Any]) -> tuple[float, list[lis
     return elapsed, batches
 
 
-def consume_and_decode(bootstrap: str) -> tuple[float, int]:
+def raw_seconds(bootstrap: str, keep: list[list[Message]]) -> float:
+    """Seconds of one tuned raw consume; the first run's batches are kept in `keep`."""
+    seconds, batches = raw_consume(bootstrap, DEFAULT_TUNING)
+    if not keep:
+        keep.extend(batches)
+    return seconds
+
+
+def consume_and_decode(bootstrap: str) -> float:
+    """Seconds of `PartitionConsumer` + `JsonDecoder` over every message."""
     consumer = PartitionConsumer(bootstrap, TOPIC, range(PARTITIONS), group_id="bench")
     decoder = make_decoder("json", SCHEMA)
     consumer.assign({p: 0 for p in range(PARTITIONS)})
@@ -141,14 +157,11 @@ def consume_and_decode(bootstrap: str) -> tuple[float, int]:
     consumer.close()
     if rows != MESSAGES:
         raise SystemExit(f"consume+decode produced {rows} rows of {MESSAGES}")
-    return elapsed, rows
+    return elapsed
 
 
-def parse_alone(batches: list[list[Message]]) -> float:
+def parse_alone(joined: list[bytes], decoder: JsonDecoder) -> float:
     """CPU seconds of `pyarrow.json.read_json` alone over the joined batches (the ceiling)."""
-    decoder = make_decoder("json", SCHEMA)
-    assert isinstance(decoder, JsonDecoder)
-    joined = [b"\n".join(m.value() or b"" for m in batch) for batch in batches if batch]
     cpu = time.process_time()
     for data in joined:
         pjson.read_json(
@@ -159,23 +172,26 @@ def parse_alone(batches: list[list[Message]]) -> float:
     return time.process_time() - cpu
 
 
-def decode_alone(batches: list[list[Message]], *, one_bad: bool) -> tuple[float, float, int]:
-    decoder = make_decoder("json", SCHEMA)
+def decode_alone(batches: list[list[Message]], decoder: JsonDecoder, *, spoil: bool) -> float:
+    """CPU seconds of `decoder` over fresh columns of every batch (with `spoil`, one message
+    in each is bad); every other message must come out a row."""
     columns = [MessageColumns.from_messages(b) for b in batches if b]
-    if one_bad:
+    if spoil:
         for cols in columns:
             cols.values[len(cols) // 3] = b'{"id":"not a number"}'
-    decoder.decode_columns(columns[0])  # warm-up: Arrow kernels, numpy
     rows = 0
     cpu = time.process_time()
-    wall = time.perf_counter()
     for cols in columns:
         rows += decoder.decode_columns(cols).good
-    return time.perf_counter() - wall, time.process_time() - cpu, rows
+    took = time.process_time() - cpu
+    expected = MESSAGES - (len(columns) if spoil else 0)
+    if rows != expected:
+        raise SystemExit(f"decode alone produced {rows} rows of {expected}")
+    return took
 
 
 def main() -> None:
-    # The one-bad-message run dead-letters one message per batch: keep its warnings quiet.
+    # The one-bad-message runs dead-letter one message per batch: keep their warnings quiet.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     with tempfile.TemporaryDirectory(prefix="consume_bench_") as tmp:
         broker = KafkaBroker(Path(tmp))
@@ -187,41 +203,56 @@ def main() -> None:
             mib = total / MIB
             print(
                 f"data: {MESSAGES} JSON messages, {total / MESSAGES:.0f} B avg, "
-                f"{mib:.1f} MiB, {PARTITIONS} partitions (produced in {produce_s:.1f} s)"
+                f"{mib:.1f} MiB, {PARTITIONS} partitions (produced in {produce_s:.1f} s); "
+                f"medians of {CONSUME_ROUNDS} paired consume runs, {DECODE_ROUNDS} decode runs"
             )
             default_s, _ = raw_consume(broker.bootstrap, {})
-            raw_s, batches = raw_consume(broker.bootstrap, DEFAULT_TUNING)
             print(
-                f"raw consume, librdkafka defaults : {MESSAGES / default_s:>10,.0f} msg/s "
-                f"{mib / default_s:7.1f} MiB/s"
+                f"raw consume, librdkafka defaults  : {MESSAGES / default_s:>10,.0f} msg/s "
+                f"{mib / default_s:7.1f} MiB/s (one run)"
             )
-            print(
-                f"raw consume, hakafka tuning (base): {MESSAGES / raw_s:>10,.0f} msg/s "
-                f"{mib / raw_s:7.1f} MiB/s"
-            )
-            both_s, rows = consume_and_decode(broker.bootstrap)
-            print(
-                f"consume + JSON decode to Arrow    : {rows / both_s:>10,.0f} rows/s "
-                f"{mib / both_s:7.1f} MiB/s  = {raw_s / both_s:.0%} of raw consume "
-                "(target >= 50%)"
+            kept: list[list[Message]] = []
+            consumed = paired(
+                functools.partial(raw_seconds, broker.bootstrap, kept),
+                functools.partial(consume_and_decode, broker.bootstrap),
+                CONSUME_ROUNDS,
             )
         finally:
             broker.stop()
-    wall, cpu, rows = decode_alone(batches, one_bad=False)
     print(
-        f"decode alone (batches of {BATCH})   : {rows / wall:>10,.0f} rows/s "
-        f"{mib / wall:7.1f} MiB/s wall, {mib / cpu:7.1f} MiB/s per CPU-second "
-        "(target >= 100 MiB/s on one core)"
+        f"raw consume, hakafka tuning (base): {MESSAGES / consumed.base_s():>10,.0f} msg/s "
+        f"{mib / consumed.base_s():7.1f} MiB/s"
     )
-    parse_cpu = parse_alone(batches)
     print(
-        f"  pyarrow.json.read_json alone      : {mib / parse_cpu:7.1f} MiB/s per CPU-second "
-        f"(decoder = {parse_cpu / cpu:.0%} of the bare parser)"
+        f"consume + JSON decode to Arrow    : {MESSAGES / consumed.subject_s():>10,.0f} rows/s "
+        f"{mib / consumed.subject_s():7.1f} MiB/s = {consumed.ratio():.0%} of raw consume "
+        f"(range {consumed.span()}; target >= 50%)"
     )
-    wall_bad, _, rows_bad = decode_alone(batches, one_bad=True)
+    decoder = make_decoder("json", SCHEMA)
+    assert isinstance(decoder, JsonDecoder)
+    joined = [b"\n".join(m.value() or b"" for m in batch) for batch in kept if batch]
+    decode_alone(kept, decoder, spoil=False)  # warm-up: Arrow kernels, numpy
+    parsed = paired(
+        functools.partial(parse_alone, joined, decoder),
+        functools.partial(decode_alone, kept, decoder, spoil=False),
+        DECODE_ROUNDS,
+    )
     print(
-        f"decode, one bad message per batch : {rows_bad / wall_bad:>10,.0f} rows/s "
-        f"{mib / wall_bad:7.1f} MiB/s wall = {wall / wall_bad:.0%} of the all-good speed"
+        f"decode alone (batches of {BATCH})   : {mib / parsed.subject_s():7.1f} MiB/s "
+        "per CPU-second (target >= 100 MiB/s on one core)"
+    )
+    print(
+        f"  pyarrow.json.read_json alone      : {mib / parsed.base_s():7.1f} MiB/s per CPU-second "
+        f"(decoder = {parsed.ratio():.0%} of the bare parser, range {parsed.span()})"
+    )
+    spoiled = paired(
+        functools.partial(decode_alone, kept, decoder, spoil=False),
+        functools.partial(decode_alone, kept, decoder, spoil=True),
+        DECODE_ROUNDS,
+    )
+    print(
+        f"decode, one bad message per batch : {mib / spoiled.subject_s():7.1f} MiB/s "
+        f"per CPU-second = {spoiled.ratio():.0%} of the all-good speed (range {spoiled.span()})"
     )
     print("anchor: ByteHouse HaKafka 10-20 MiB/s per consumer")
 

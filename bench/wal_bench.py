@@ -16,12 +16,11 @@ import argparse
 import functools
 import os
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from pairing import Paired, paired
 
 from wal import WriteAheadLog
 
@@ -78,37 +77,12 @@ def wal_replay(directory: Path) -> float:
         return time.perf_counter() - started
 
 
-@dataclass(frozen=True)
-class Paired:
-    """Seconds of `rounds` paired runs of a raw baseline and the WAL."""
-
-    raw: list[float]
-    wal: list[float]
-
-    def ratios(self) -> list[float]:
-        """WAL speed as a fraction of raw speed, one per pair."""
-        return sorted(raw / wal for raw, wal in zip(self.raw, self.wal, strict=True))
-
-    def row(self, test: str, label: str, mib: float) -> str:
-        ratios = self.ratios()
-        return (
-            f"{test:<8} {label:>7} {mib:>5.0f} {mib / statistics.median(self.raw):>10.1f} "
-            f"{mib / statistics.median(self.wal):>10.1f} {statistics.median(ratios):>6.0%} "
-            f"{ratios[0]:>5.0%}-{ratios[-1]:.0%}"
-        )
-
-
-def paired(raw: Callable[[], float], wal: Callable[[], float], rounds: int) -> Paired:
-    """Run `raw` and `wal` `rounds` times each, alternating which of a pair goes first."""
-    result = Paired([], [])
-    for number in range(rounds):
-        if number % 2:
-            result.wal.append(wal())
-            result.raw.append(raw())
-        else:
-            result.raw.append(raw())
-            result.wal.append(wal())
-    return result
+def row(test: str, label: str, mib: float, runs: Paired) -> str:
+    """One line of the table: median throughputs, median ratio and its range."""
+    return (
+        f"{test:<8} {label:>7} {mib:>5.0f} {mib / runs.base_s():>10.1f} "
+        f"{mib / runs.subject_s():>10.1f} {runs.ratio():>6.0%} {runs.span():>9}"
+    )
 
 
 def main() -> None:
@@ -135,13 +109,13 @@ def main() -> None:
                 APPEND_ROUNDS,
             )
             (directory / "raw.bin").unlink()
-            print(appends.row("append", label, total))
+            print(row("append", label, total, appends))
             replays = paired(
                 functools.partial(raw_read, directory, size),
                 functools.partial(wal_replay, directory),
                 REPLAY_ROUNDS,
             )
-            print(replays.row("replay", label, total))
+            print(row("replay", label, total, replays))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
