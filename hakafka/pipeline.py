@@ -375,6 +375,7 @@ class PipelineLeader:
             dead = select_rows(batch.dead_letters, keep) if batch.dead_letters is not None else None
             self._append_blocking(rows, dead, {(topic, p): rng for p, rng in keep.items()})
             replayed += rows.num_rows
+        self._publish_buffer_gauges()
         self._replay_next = cursor.next_offsets
         self.status.replayed_rows = replayed
         self._log.info(
@@ -446,6 +447,7 @@ class PipelineLeader:
             with self._index_lock:
                 self._index.add(position, {p: r for (t, p), r in ranges.items() if t == topic})
             self._append_blocking(decoded.rows, decoded.dead_letters, ranges)
+            self._publish_buffer_gauges()
 
     def _account(
         self, decoded: DecodedBatch, wal_bytes: int, wal_seconds: float, synced: bool
@@ -460,7 +462,6 @@ class PipelineLeader:
             m.consumer.count_decoded(self.pipeline.name, self.pipeline.on_error, decoded)
             if decoded.dead_letters is not None:
                 m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
-        self._publish_buffer_gauges()
 
     def _publish_buffer_gauges(self, released: bool = False) -> None:
         rows = 0 if released else self.buffer.rows.snapshot().rows
