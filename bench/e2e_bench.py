@@ -182,6 +182,28 @@ def metric(node: Any, name: str) -> float:
     )
 
 
+def consumed(node: Any) -> float:
+    return metric(node, "hakafka_consumed_rows_total")
+
+
+def first_batch(node: Any) -> tuple[float, int]:
+    """Wait for the node's first consumed batch; the time then and the rows consumed by then."""
+    wait(lambda: consumed(node) > 0, 300, "the first consumed batch", 0.02)
+    return time.perf_counter(), int(consumed(node))
+
+
+def rate_row(
+    label: str, timed: int, mib: float, seconds: float, raw_per_row: float
+) -> tuple[str, ...]:
+    """`timed` rows of `mib` MiB in `seconds`, with the raw consume time per row as the base."""
+    return (
+        label,
+        f"{timed / seconds:,.0f} rows/s",
+        f"{mib / seconds:.1f} MiB/s",
+        f"{raw_per_row * timed / seconds:.2f}",
+    )
+
+
 def scalar(client: Any, sql: str) -> int:
     return int(client.command(sql))
 
@@ -275,7 +297,7 @@ def ingest(
         size = produce_backlog(stack.kafka, topic, BACKLOG)
         produced = time.perf_counter() - began
         wait(
-            lambda: metric(node, "hakafka_consumed_rows_total") >= BACKLOG + 1,
+            lambda: consumed(node) >= BACKLOG + 1,
             600,
             "the backlog in the buffer",
             0.1,
@@ -350,10 +372,8 @@ def catchup(
     node = cluster.nodes["n1"]
     try:
         cluster.start()
-        consumed = functools.partial(metric, node, "hakafka_consumed_rows_total")
-        wait(lambda: consumed() > 0, 300, "the first consumed batch", 0.02)
-        began, before = time.perf_counter(), consumed()
-        wait(lambda: consumed() >= CATCHUP_BACKLOG, 600, "the backlog in the buffer", 0.1)
+        began, before = first_batch(node)
+        wait(lambda: consumed(node) >= CATCHUP_BACKLOG, 600, "the backlog in the buffer", 0.1)
         buffered = time.perf_counter() - began
         wait(
             lambda: ch_count(ch, database) >= CATCHUP_BACKLOG,
@@ -380,14 +400,7 @@ def catchup(
         ("  ingest: Kafka -> WAL -> buffer", buffered),
         ("  end to end: -> Spark -> ClickHouse", flushed),
     ):
-        rows.append(
-            (
-                label,
-                f"{timed / seconds:,.0f} rows/s",
-                f"{mib / seconds:.1f} MiB/s",
-                f"{raw / CATCHUP_BACKLOG * timed / seconds:.2f}",
-            )
-        )
+        rows.append(rate_row(label, timed, mib, seconds, raw / CATCHUP_BACKLOG))
     rows.append(
         (
             "  last row in ClickHouse after the last in the buffer",
@@ -450,7 +463,7 @@ def sustained(
                 (
                     time.monotonic() - began,
                     sent.value,
-                    metric(node, "hakafka_consumed_rows_total"),
+                    consumed(node),
                     ch_count(ch, database),
                     memory_mib(node.pid, "VmRSS"),
                 )
@@ -659,17 +672,13 @@ def restart(
             "limit_bytes": 4 << 30,
         },
     )
-    produce_backlog(stack.kafka, topic, count)
+    size = produce_backlog(stack.kafka, topic, count)
     node = cluster.nodes["n1"]
     try:
         cluster.start()
-        cluster.wait_leaders([0, 1])
-        wait(
-            lambda: metric(node, "hakafka_consumed_rows_total") >= count,
-            300,
-            "the WAL to fill",
-            0.2,
-        )
+        began, before = first_batch(node)
+        wait(lambda: consumed(node) >= count, 300, "the WAL to fill", 0.1)
+        filled = time.perf_counter() - began
         wal_bytes = metric(node, "hakafka_wal_bytes_total")
         if metric(node, "hakafka_flushes_total"):
             raise RuntimeError("a block was flushed before the kill: the restart would re-flush")
@@ -681,6 +690,17 @@ def restart(
         replayed = sum(p["replayed_rows"] for p in node.pipelines())
     finally:
         cluster.stop()
+    raw = raw_consume(stack.kafka, topic, count)
+    timed = count - before
+    rows.append(
+        rate_row(
+            "ingest with no flush running (the WAL fill)",
+            timed,
+            size / MIB * timed / count,
+            filled,
+            raw / count,
+        )
+    )
     rows.append(
         (
             f"restart over a {wal_bytes / MIB:,.0f} MiB WAL -> consuming",
