@@ -134,6 +134,7 @@ class MemoryTable:
     _sealed: list[_Sealed] = field(default_factory=list, init=False, repr=False)
     _last: dict[TopicPartition, int] = field(default_factory=dict, init=False, repr=False)
     _nbytes: int = field(default=0, init=False, repr=False)
+    _rows: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.limit_bytes <= 0:
@@ -174,6 +175,7 @@ class MemoryTable:
             for tp, rng in entry.ranges.items():
                 self._last[tp] = rng.last
             self._nbytes += size
+            self._rows += batch.num_rows
 
     def stats(self) -> BufferStats:
         """Rows, bytes and first-append time of the open (unsealed) part, for should_flush."""
@@ -189,6 +191,12 @@ class MemoryTable:
         """Accounted bytes of everything held: open batches and sealed, uncommitted blocks."""
         with self._lock:
             return self._nbytes
+
+    @property
+    def row_count(self) -> int:
+        """Rows of everything held (as a snapshot taken now would hold), without a snapshot."""
+        with self._lock:
+            return self._rows
 
     def seal(self) -> Block | None:
         """Hand out the next block to flush, or None when there is nothing to flush.
@@ -229,6 +237,7 @@ class MemoryTable:
                 )
             self._sealed.pop(0)
             self._nbytes -= block.nbytes
+            self._rows -= block.rows
 
     def abort(self, block: Block) -> None:
         """Keep ``block`` sealed and visible; the next ``seal`` returns it again unchanged."""

@@ -375,7 +375,6 @@ class PipelineLeader:
             dead = select_rows(batch.dead_letters, keep) if batch.dead_letters is not None else None
             self._append_blocking(rows, dead, {(topic, p): rng for p, rng in keep.items()})
             replayed += rows.num_rows
-        self._publish_buffer_gauges()
         self._replay_next = cursor.next_offsets
         self.status.replayed_rows = replayed
         self._log.info(
@@ -447,7 +446,6 @@ class PipelineLeader:
             with self._index_lock:
                 self._index.add(position, {p: r for (t, p), r in ranges.items() if t == topic})
             self._append_blocking(decoded.rows, decoded.dead_letters, ranges)
-            self._publish_buffer_gauges()
 
     def _account(
         self, decoded: DecodedBatch, wal_bytes: int, wal_seconds: float, synced: bool
@@ -464,19 +462,21 @@ class PipelineLeader:
                 m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
 
     def _publish_buffer_gauges(self, released: bool = False) -> None:
-        rows = 0 if released else self.buffer.rows.snapshot().rows
+        rows = 0 if released else self.buffer.rows.row_count
         self._metrics.buffer_rows.labels(**self._labels).set(rows)
         self._metrics.buffer_bytes.labels(**self._labels).set(0 if released else self.buffer.nbytes)
 
     def _append_blocking(
         self, rows: Any, dead: Any, ranges: dict[tuple[str, int], OffsetRange]
     ) -> None:
-        """Append to the buffer; at its limit pause the partitions and wait for a commit."""
+        """Append to the buffer (the gauges follow); at its limit pause the partitions and
+        wait for a commit."""
         paused = False
         try:
             while True:
                 try:
                     self.buffer.append(rows, dead, ranges)
+                    self._publish_buffer_gauges()
                     return
                 except BufferFull as exc:
                     if not paused:

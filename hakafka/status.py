@@ -24,7 +24,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "error": s.error,
         "restarts": s.restarts,
         "restartable": s.restartable,
-        "buffer_rows": p.buffer.rows.snapshot().rows,
+        "buffer_rows": p.buffer.rows.row_count,
         "buffer_bytes": p.buffer.nbytes,
         "open_rows": stats.rows,
         "positions": p.positions(),

@@ -115,7 +115,7 @@ def test_commit_out_of_order_is_refused(table: MemoryTable, batch_factory: Any) 
     table.commit(second)
     with pytest.raises(BlockStateError):
         table.commit(second)  # already committed
-    assert table.snapshot().rows == 0 and table.nbytes == 0
+    assert table.snapshot().rows == 0 == table.row_count and table.nbytes == 0
 
 
 def test_abort_returns_the_same_block_on_the_next_seal(
@@ -126,11 +126,12 @@ def test_abort_returns_the_same_block_on_the_next_seal(
     assert block is not None
     table.append(*batch_factory("t", 0, 10, 5))  # arrives while the flush runs
     table.abort(block)
-    assert table.snapshot().rows == 15
+    assert table.snapshot().rows == 15 == table.row_count  # sealed blocks count until commit
     retry = table.seal()
     assert retry is block
     assert retry.block_id == block.block_id and retry.rows == 10
     table.commit(block)
+    assert table.row_count == 5
     nxt = table.seal()
     assert nxt is not None and dict(nxt.ranges) == {("t", 0): OffsetRange(10, 14)}
 
@@ -154,7 +155,7 @@ def test_overlapping_or_backwards_range_is_refused(
     text = str(err.value)
     assert "topic 'orders' partition 3" in text
     assert f"range {first}..{first + rows - 1}" in text and "offset 9" in text
-    assert table.snapshot().rows == 10  # nothing of the refused batch was kept
+    assert table.snapshot().rows == 10 == table.row_count  # nothing of the refused batch was kept
 
 
 def test_overlap_is_refused_after_commit_too(table: MemoryTable, batch_factory: Any) -> None:
