@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
@@ -27,15 +28,18 @@ def _raise_flight_error(exc: QueryError) -> None:
         raise fl.FlightUnauthorizedError(str(exc)) from exc
     if isinstance(exc, QueryTimeoutError):
         raise fl.FlightTimedOutError(str(exc)) from exc
-    raise fl.FlightServerError(str(exc)) from exc
+    # Flight has no error class for INVALID_ARGUMENT; pyarrow sends ArrowInvalid as that
+    # status. It also sends the traceback as detail: "from None" keeps DuckDB's frames out.
+    raise pa.ArrowInvalid(str(exc)) from None
 
 
 class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     """Serves ``engine`` on grpc://host:port; port 0 picks a free port (see ``port``).
 
     ``do_get``: the ticket is UTF-8 SQL; the result streams as Arrow. Errors: bad SQL and
-    row limit -> invalid argument (engine's message), refused -> unauthorized, timeout ->
-    timed out; a wrong or missing token when ``token`` is set -> unauthenticated.
+    row limit -> invalid argument (the client raises ``pyarrow.ArrowInvalid`` with the
+    engine's message first), refused -> unauthorized, timeout -> timed out; a wrong or
+    missing token when ``token`` is set -> unauthenticated.
     It serves from construction until ``shutdown()``. Do not call ``serve()`` in a process
     that handles signals: it only waits, and while it waits Arrow's own SIGINT/SIGTERM
     handler replaces the process's; with a second Flight server in the process (a flush

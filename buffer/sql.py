@@ -1,4 +1,13 @@
-"""Read-only, sandboxed SQL (DuckDB) over snapshots of named memory tables."""
+"""Read-only, sandboxed SQL (DuckDB) over snapshots of named memory tables.
+
+Two layers: ``check_read_only`` lets only a single SELECT through, and the database is
+opened with file, URL and extension access off and its configuration locked. The second
+layer does not stop writes to the shared in-memory database: CREATE TABLE / VIEW / MACRO,
+INSERT, DROP, ATTACH ':memory:', USE, SET VARIABLE, CHECKPOINT and LOAD of an extension
+built into DuckDB (json, parquet) all pass it, and a table one query creates outlives it
+(memory held from every later query, names seen by other users). Only the statement guard
+refuses those, so every query must go through it.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from buffer.snapshot import Snapshot
 from buffer.table import MemoryTable
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LEADING_KEYWORD = re.compile(r"\s*(?:FORCE\s+)?([A-Za-z]+)\b", re.IGNORECASE)
 
 # Applied when the database is opened, then locked: a query cannot change them back.
 _SANDBOX = {
@@ -121,6 +131,13 @@ class SqlEngine:
         silent truncation), QueryError with DuckDB's message for anything else.
         """
         check_read_only(sql)
+        return self._execute(sql)
+
+    def _execute(self, sql: str) -> pa.Table:
+        """``query`` without the statement guard: only DuckDB's locked settings stand.
+
+        Tests call it to prove that second layer holds on its own.
+        """
         cursor = self._db.cursor()
         timed_out = threading.Event()
 
@@ -161,16 +178,35 @@ class SqlEngine:
 
 
 def check_read_only(sql: str) -> None:
-    """Raise QueryRefusedError unless ``sql`` is one SELECT; QueryError if it does not parse."""
+    """Raise QueryRefusedError unless ``sql`` is one SELECT; QueryError if it does not parse.
+
+    The refusal names the statement as written (INSTALL, RESET...), not DuckDB's type for it.
+    """
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from exc
     if len(statements) != 1:
         raise QueryRefusedError(f"exactly one statement is allowed, got {len(statements)}")
-    kind = statements[0].type
+    statement = statements[0]
+    try:
+        kind: duckdb.StatementType | None = statement.type
+    except ValueError:  # a type the binding's enum lacks (UPDATE EXTENSIONS): not a SELECT
+        kind = None
     if kind != duckdb.StatementType.SELECT:
         raise QueryRefusedError(
-            f"only SELECT queries are allowed; {kind.name} statements are refused "
-            "(no COPY, ATTACH, INSTALL, LOAD, SET, PRAGMA or writes)"
+            f"only SELECT queries are allowed; {_statement_name(statement.query, kind)} "
+            "statements are refused (no COPY, ATTACH, INSTALL, LOAD, SET, PRAGMA or writes)"
         )
+
+
+def _statement_name(query: str, kind: duckdb.StatementType | None) -> str:
+    """The leading keyword of ``query`` (after FORCE), else ``kind``'s name.
+
+    DuckDB files INSTALL under LOAD, RESET and USE under SET, CHECKPOINT under CALL...;
+    a refusal naming the type would name a statement the user never wrote.
+    """
+    lead = _LEADING_KEYWORD.match(query)
+    if lead is not None and lead[1].upper() != "WITH":  # WITH ... INSERT: the type says more
+        return lead[1].upper()
+    return kind.name if kind is not None else "UNKNOWN"

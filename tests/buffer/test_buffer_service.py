@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from buffer import MemoryTable, SqlEngine
+from buffer import MemoryTable, QueryError, SqlEngine
 from buffer.client import QueryFailedError, query
 from buffer.flight import FlightQueryServer
 from buffer.http import HttpQueryServer
@@ -94,6 +94,26 @@ def test_flight_requires_the_token(flight_server: FlightQueryServer) -> None:
                 list(client.list_flights(options=options))
     with pytest.raises(QueryFailedError, match="missing or wrong bearer token"):
         query(flight_server.location, "SELECT 1")
+
+
+def engine_message(engine: SqlEngine, sql: str) -> str:
+    with pytest.raises(QueryError) as err:
+        engine.query(sql)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("sql", ["SELEC 1", "SELECT nope FROM events", "SELECT * FROM events"])
+def test_flight_bad_sql_and_row_limit_are_invalid_argument(
+    flight_server: FlightQueryServer, sql: str
+) -> None:
+    expected = engine_message(flight_server.engine, sql)
+    with fl.connect(flight_server.location) as client, pytest.raises(pa.ArrowInvalid) as err:
+        client.do_get(fl.Ticket(sql.encode()), options=auth_options()).read_all()
+    assert not isinstance(err.value, fl.FlightError)
+    assert str(err.value).startswith(expected + ". Detail: ")
+    with pytest.raises(QueryFailedError) as failed:
+        query(flight_server.location, sql, token=TOKEN)
+    assert str(failed.value) == expected
 
 
 def test_flight_errors_carry_the_engine_message(flight_server: FlightQueryServer) -> None:
@@ -175,7 +195,7 @@ def test_http_bad_sql_is_400_with_the_engine_message(http_server: HttpQueryServe
     ("sql", "status", "kind", "message"),
     [
         ("ATTACH '/tmp/x.db'", 403, "refused", "ATTACH statements are refused"),
-        ("INSTALL httpfs", 403, "refused", "INSTALL"),
+        ("INSTALL httpfs", 403, "refused", "INSTALL statements are refused"),
         (
             "SELECT * FROM read_parquet('https://example.com/a.parquet')",
             403,

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from buffer import Catalog, MemoryTable, QueryError, QueryLimits, QueryRefusedError, SqlEngine
 from buffer.sql import QueryTimeoutError, RowLimitError
+
+_NO_FILES = "file system operations are disabled by configuration"
+_LOCKED = "the configuration has been locked"
 
 
 def test_select_sees_all_buffered_rows(engine: SqlEngine) -> None:
@@ -63,13 +70,22 @@ REFUSED_STATEMENTS = [
     ("COPY events TO '/tmp/hakafka_buffer_leak.csv'", "COPY statements are refused"),
     ("COPY (SELECT 1) TO 'https://example.com/x.csv'", "COPY statements are refused"),
     ("ATTACH '/tmp/hakafka_buffer_other.db' AS other", "ATTACH statements are refused"),
-    ("INSTALL httpfs", "LOAD statements are refused"),
-    ("LOAD httpfs", "LOAD statements are refused"),
-    ("SET enable_external_access = true", "SET statements are refused"),
-    ("SET lock_configuration = false", "SET statements are refused"),
-    ("PRAGMA enable_profiling", "PRAGMA statements are refused"),
-    ("CREATE TABLE x AS SELECT * FROM events", "CREATE statements are refused"),
-    ("INSERT INTO events SELECT * FROM events", "INSERT statements are refused"),
+    ("INSTALL httpfs", "; INSTALL statements are refused"),
+    ("FORCE INSTALL httpfs", "; INSTALL statements are refused"),
+    ("LOAD httpfs", "; LOAD statements are refused"),
+    ("UPDATE EXTENSIONS", "; UPDATE statements are refused"),
+    ("SET enable_external_access = true", "; SET statements are refused"),
+    ("SET lock_configuration = false", "; SET statements are refused"),
+    ("RESET enable_external_access", "; RESET statements are refused"),
+    ("PRAGMA enable_profiling", "; PRAGMA statements are refused"),
+    ("CREATE TABLE x AS SELECT * FROM events", "; CREATE statements are refused"),
+    ("INSERT INTO events SELECT * FROM events", "; INSERT statements are refused"),
+    # DuckDB's settings let these through; the guard alone refuses them (see buffer.sql).
+    ("CREATE MACRO f(x) AS x + 1", "; CREATE statements are refused"),
+    ("DROP TABLE events", "; DROP statements are refused"),
+    ("ATTACH ':memory:' AS scratch", "; ATTACH statements are refused"),
+    ("SET VARIABLE v = 1", "; SET statements are refused"),
+    ("LOAD json", "; LOAD statements are refused"),
     ("EXPORT DATABASE '/tmp/hakafka_buffer_export'", "EXPORT statements are refused"),
     ("SELECT 1; SELECT 2", "exactly one statement is allowed, got 2"),
 ]
@@ -79,6 +95,43 @@ REFUSED_STATEMENTS = [
 def test_non_select_statements_are_refused(engine: SqlEngine, sql: str, message: str) -> None:
     with pytest.raises(QueryRefusedError, match=message):
         engine.query(sql)
+
+
+# Run past the statement guard: DuckDB's own settings (no external access, locked
+# configuration) must refuse these by themselves.
+SANDBOX_LAYER = [
+    ("COPY (SELECT 1 AS x) TO '{out}/leak.csv'", duckdb.PermissionException, _NO_FILES),
+    ("COPY events TO '{out}/leak.parquet' (FORMAT parquet)", duckdb.PermissionException, _NO_FILES),
+    ("EXPORT DATABASE '{out}/export'", duckdb.PermissionException, _NO_FILES),
+    ("ATTACH '{out}/other.db' AS other", duckdb.PermissionException, _NO_FILES),
+    ("INSTALL httpfs", duckdb.PermissionException, _NO_FILES),
+    (
+        "LOAD httpfs",
+        duckdb.PermissionException,
+        "Loading external extensions is disabled through configuration",
+    ),
+    ("SET enable_external_access = true", duckdb.InvalidInputException, _LOCKED),
+    ("SET lock_configuration = false", duckdb.InvalidInputException, _LOCKED),
+    ("RESET enable_external_access", duckdb.InvalidInputException, _LOCKED),
+    ("SET autoload_known_extensions = true", duckdb.InvalidInputException, _LOCKED),
+    ("SELECT * FROM read_csv('{data}/in.csv')", duckdb.PermissionException, _NO_FILES),
+    ("SELECT * FROM read_parquet('{data}/in.parquet')", duckdb.PermissionException, _NO_FILES),
+]
+
+
+@pytest.mark.parametrize(("sql", "cause", "message"), SANDBOX_LAYER)
+def test_duckdb_settings_refuse_without_the_guard(
+    engine: SqlEngine, tmp_path: Path, sql: str, cause: type[Exception], message: str
+) -> None:
+    out, data = tmp_path / "out", tmp_path / "data"
+    out.mkdir()
+    data.mkdir()
+    (data / "in.csv").write_text("password\nhunter2\n")
+    pq.write_table(pa.table({"password": ["hunter2"]}), data / "in.parquet")
+    with pytest.raises(QueryError, match=re.escape(message)) as err:
+        engine._execute(sql.format(out=out, data=data))
+    assert isinstance(err.value.__cause__, cause)  # DuckDB's refusal, not ours
+    assert list(out.iterdir()) == []
 
 
 FILE_AND_URL_READERS = [
