@@ -64,6 +64,40 @@ def test_any_max_overrides_unmet_mins(at: BufferStats, below: BufferStats) -> No
 
 
 @pytest.mark.parametrize(
+    ("rows", "nbytes", "age", "expected"),
+    [
+        (100, 1000, 10.0, True),  # every min exactly met, every max far off
+        (999, (1 << 20) - 1, 59.9, True),  # every min passed, every max just short
+        (99, 1000, 10.0, False),  # rows short, no max reached
+        (100, 999, 10.0, False),  # bytes short, no max reached
+        (100, 1000, 9.9, False),  # age short, no max reached
+    ],
+)
+def test_mins_still_flush_when_maxes_are_set(
+    rows: int, nbytes: int, age: float, expected: bool
+) -> None:
+    assert should_flush(BOTH, stats(rows, nbytes, age), NOW) is expected
+
+
+MIXED = Thresholds(min_rows=100, min_bytes=1000, max_age_s=5.0)
+
+
+@pytest.mark.parametrize(
+    ("rows", "nbytes", "age", "expected"),
+    [
+        (100, 1000, 0.0, True),  # both mins met; the unset min_age counts as passed
+        (99, 1000, 4.9, False),  # a min short, the max not reached
+        (99, 1000, 5.0, True),  # the max on another measure fires despite it
+        (100, 999, 4.9, False),
+    ],
+)
+def test_mins_on_some_measures_max_on_another(
+    rows: int, nbytes: int, age: float, expected: bool
+) -> None:
+    assert should_flush(MIXED, stats(rows, nbytes, age), NOW) is expected
+
+
+@pytest.mark.parametrize(
     "thresholds",
     [
         Thresholds(min_rows=10),
