@@ -116,6 +116,8 @@ class ServerSettings:
     http: Endpoint = Endpoint("127.0.0.1", 8300)
     flight: Endpoint = Endpoint("127.0.0.1", 8301)
     token: Secret = Secret("")
+    # A pipeline thread without progress for this long is stuck: not ready, no watchdog ping.
+    stuck_after: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -419,6 +421,7 @@ def _server(r: _Reader) -> ServerSettings:
         http=_endpoint(r, "http", ServerSettings.http),
         flight=_endpoint(r, "flight", ServerSettings.flight),
         token=r.secret("token", ENV_SERVER_TOKEN),
+        stuck_after=r.positive("stuck_after", float, ServerSettings.stuck_after),
     )
     r.finish()
     return s

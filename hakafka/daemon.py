@@ -75,6 +75,17 @@ def _listening(key: str, endpoint: str) -> Iterator[None]:
         ) from None
 
 
+def use_jemalloc() -> None:
+    """Allocate Arrow memory from jemalloc unless $ARROW_DEFAULT_MEMORY_POOL chose a pool:
+    the buffer's byte accounting tracks RSS within 10% with it, the default pool does not."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:
+        log.warning("arrow.no_jemalloc", pool=pa.default_memory_pool().backend_name)
+
+
 def pipeline_schema(pipeline: PipelineConfig) -> PipelineSchema:
     return PipelineSchema.of(
         [(c.name, c.clickhouse_type) for c in pipeline.columns], pipeline.meta_columns
@@ -175,6 +186,7 @@ class Daemon:
                 self._pipelines_for(shard),
                 metrics=self.metrics,
                 flush_grace_s=FLUSH_GRACE_S,
+                stuck_after_s=config.server.stuck_after,
                 warm_up=self.spark.start,
             )
             for shard in config.shards
@@ -223,6 +235,7 @@ class Daemon:
     def run(self) -> int:
         """Serve until a signal asks to stop; returns the process exit code."""
         self._install_signals()
+        use_jemalloc()
         # pyarrow imports pandas on its first conversion (0.5-1 s): do it before any election, so
         # that it never stalls a new leader's first batch.
         pa.array([0])
@@ -309,7 +322,7 @@ class Daemon:
     # -- health and status -----------------------------------------------------------------
 
     def healthy(self) -> bool:
-        """Connected to ZooKeeper and no pipeline of a led shard has failed."""
+        """Connected to ZooKeeper and no pipeline of a led shard has failed or is stuck."""
         return self.coordinator.connected and all(r.healthy() for r in self.runners)
 
     def _status_line(self) -> str:

@@ -156,6 +156,9 @@ class PipelineLeader:
         self._lag: dict[int, int] = {}
         self._positions: dict[int, int] = {}
         self._threads_done = 0
+        # Thread id -> monotonic time of its last step; a running thread that stops stepping
+        # (a hung disk, driver or call) makes the pipeline stuck.
+        self._beats: dict[int, float] = {}
         self._done_lock = threading.Lock()
         self._main = threading.Thread(
             target=self._run, name=f"pipeline-{pipeline.name}-{shard}", daemon=True
@@ -220,6 +223,17 @@ class PipelineLeader:
             time.sleep(0.02)
         return False
 
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the least recent step of a running pipeline thread (0: none runs)."""
+        beats = list(self._beats.values())
+        return max(0.0, now - min(beats)) if beats else 0.0
+
+    def _beat(self) -> None:
+        self._beats[threading.get_ident()] = time.monotonic()
+
+    def _beats_end(self) -> None:
+        self._beats.pop(threading.get_ident(), None)
+
     def lag(self) -> dict[int, int]:
         """Messages behind the fetched high watermark per partition (as of the last poll)."""
         return dict(self._lag)
@@ -231,6 +245,7 @@ class PipelineLeader:
     # -- main thread: recovery then consumption --------------------------------------------
 
     def _run(self) -> None:
+        self._beat()
         try:
             self._recover()
             self._flusher.start()
@@ -250,6 +265,7 @@ class PipelineLeader:
                 "pipeline.failed", error=self.status.error, restartable=self.status.restartable
             )
         finally:
+            self._beats_end()
             self._stop.set()
             if not self._flusher.is_alive() and self._flusher.ident is None:
                 self._thread_done()  # the flusher never started: count it as done
@@ -362,6 +378,7 @@ class PipelineLeader:
         for record in self._wal.replay():
             if self._stop.is_set():
                 raise PipelineStopped("stopped during replay")
+            self._beat()
             header = decode_header(record)
             all_ranges = ranges_of(header)
             ranges = {p: rng for (t, p), rng in all_ranges.items() if t == topic}
@@ -413,6 +430,7 @@ class PipelineLeader:
         topic = self.pipeline.topic
         next_refresh = time.monotonic() + REFRESH_PARTITIONS_S
         while not self._stop.is_set():
+            self._beat()
             if not self._gate.wait(0.2):
                 continue
             if self._stop.is_set():
@@ -492,6 +510,7 @@ class PipelineLeader:
                         )
                     self._committed.clear()
                     while not self._committed.wait(0.2):
+                        self._beat()
                         if self._stop.is_set():
                             raise PipelineStopped("stopped while the buffer was full") from None
         finally:
@@ -504,8 +523,10 @@ class PipelineLeader:
     # -- flush thread --------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
+        self._beat()
         try:
             while not self._stop.is_set():
+                self._beat()
                 time.sleep(0.05)
                 if not self._gate.is_set() or not should_flush(
                     self.thresholds, self.buffer.stats(), time.monotonic()
@@ -522,6 +543,7 @@ class PipelineLeader:
             self.status.state = "failed"
             self._stop.set()
         finally:
+            self._beats_end()
             self._thread_done()
 
     def _flush_and_commit(self, block: PipelineBlock, *, intent_written: bool) -> None:
@@ -583,6 +605,7 @@ class PipelineLeader:
         attempt = 0
         while True:
             attempt += 1
+            self._beat()
             self._wait_gate()
             try:
                 return self.sink.flush(self._spark(), block, self._replicas())
@@ -601,6 +624,7 @@ class PipelineLeader:
 
     def _wait_gate(self) -> None:
         while not self._gate.wait(0.2):
+            self._beat()
             if self._stop.is_set():
                 raise PipelineStopped("stopped while suspended")
         if self._stop.is_set() and self._abandoned.is_set():

@@ -84,6 +84,7 @@ class ShardRunner:
         *,
         metrics: Metrics,
         flush_grace_s: float,
+        stuck_after_s: float,
         warm_up: Callable[[], object] | None = None,
     ) -> None:
         self.shard = shard
@@ -91,6 +92,8 @@ class ShardRunner:
         self._make_pipelines = make_pipelines
         self._metrics = metrics
         self._grace = flush_grace_s
+        self._stuck_after = stuck_after_s
+        self._stuck: set[str] = set()  # pipelines reported stuck, until they step again
         self._warm_up = warm_up
         self._events: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"shard-{shard}", daemon=True)
@@ -120,9 +123,13 @@ class ShardRunner:
         return bool(self.pipelines)
 
     def healthy(self) -> bool:
-        """False if the shard's event thread died or a pipeline failed or stopped while leading."""
+        """False if the shard's event thread died or a pipeline failed, stopped or is stuck
+        (a thread of it made no step for `stuck_after_s`) while leading."""
+        now = time.monotonic()
         return self._thread.is_alive() and all(
-            p.status.state in ("starting", "recovering", "consuming") for p in self.pipelines
+            p.status.state in ("starting", "recovering", "consuming")
+            and p.stalled_for(now) < self._stuck_after
+            for p in self.pipelines
         )
 
     def _loop(self) -> None:
@@ -148,6 +155,7 @@ class ShardRunner:
         Only the shard thread starts and stops pipelines, so one that is no longer running
         here ended on its own: it failed.
         """
+        self._report_stuck(now)
         if self.leadership is None or self.leadership.state is not LeadershipState.LEADER:
             return  # suspended or over: the next event decides
         for index, p in enumerate(self.pipelines):
@@ -171,6 +179,23 @@ class ShardRunner:
                 continue
             if not self._restart(index, restarts):
                 return
+
+    def _report_stuck(self, now: float) -> None:
+        """One `pipeline.stuck` event when a pipeline stops stepping, one `pipeline.unstuck`
+        if it steps again."""
+        for p in self.pipelines:
+            name, stalled = p.pipeline.name, p.stalled_for(now)
+            if stalled >= self._stuck_after and name not in self._stuck:
+                self._stuck.add(name)
+                self._log.error(
+                    "pipeline.stuck",
+                    pipeline=name,
+                    stalled_s=round(stalled, 1),
+                    hint="SIGUSR1 dumps every thread's stack to stderr",
+                )
+            elif stalled < self._stuck_after and name in self._stuck:
+                self._stuck.discard(name)
+                self._log.info("pipeline.unstuck", pipeline=name)
 
     def _restart(self, index: int, restarts: _Restarts) -> bool:
         """Replace the pipeline at `index` by a fresh one of the same term; False if the term

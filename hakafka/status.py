@@ -24,6 +24,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "error": s.error,
         "restarts": s.restarts,
         "restartable": s.restartable,
+        "stalled_s": round(p.stalled_for(time.monotonic()), 1),
         "buffer_rows": p.buffer.rows.row_count,
         "buffer_bytes": p.buffer.nbytes,
         "open_rows": stats.rows,

@@ -148,6 +148,7 @@ def make_cluster(
         nodes: dict[str, list[int]],
         buffer: dict[str, int | float] | None = None,
         on_error: str = "dead_letter",
+        server: dict[str, object] | None = None,
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",
@@ -168,6 +169,7 @@ def make_cluster(
             database=ch_database,
             session_timeout=3.0,
             rows_per_task=100_000,
+            server=server,
         )
         made.append(cluster)
         return cluster

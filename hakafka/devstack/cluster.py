@@ -67,8 +67,9 @@ def render_config(
     spark_conf: Mapping[str, str] | None = None,
     rows_per_task: int = 500_000,
     spark_on_followers: bool = False,
+    server: Mapping[str, Any] | None = None,
 ) -> str:
-    """The TOML text of one node's config."""
+    """The TOML text of one node's config; `server` adds keys to its `[server]` table."""
     lines = [
         f"node = {_toml_value(node)}",
         f"shards = {_toml_value(list(shards))}",
@@ -107,6 +108,7 @@ def render_config(
         f'http = "{LOOPBACK}:{http_port}"',
         f'flight = "{LOOPBACK}:{flight_port}"',
     ]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in (server or {}).items()]
     for p in pipelines:
         lines += [
             "",
@@ -128,12 +130,20 @@ def render_config(
 
 
 class DaemonNode:
-    """One `hakafka run` process of the local cluster."""
+    """One `hakafka run` process of the local cluster; `token` is its admin bearer token."""
 
     def __init__(
-        self, name: str, root: Path, config_text: str, http_port: int, flight_port: int
+        self,
+        name: str,
+        root: Path,
+        config_text: str,
+        http_port: int,
+        flight_port: int,
+        *,
+        token: str = "",
     ) -> None:
         self.name = name
+        self.token = token
         self.root = root
         self.http_port = http_port
         self.flight_port = flight_port
@@ -151,11 +161,13 @@ class DaemonNode:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self, env: Mapping[str, str] | None = None) -> None:
-        """Start the daemon (a new process each time) without waiting for it."""
+    def start(self, env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> None:
+        """Start the daemon (a new process each time) without waiting for it; `args` are
+        added to `hakafka run` (e.g. `--log-file PATH`)."""
+        run = [sys.executable, "-m", "hakafka.cli", "run", "--config", str(self.config_path)]
         self.process = ManagedProcess(
             name=f"hakafka daemon {self.name}",
-            argv=[sys.executable, "-m", "hakafka.cli", "run", "--config", str(self.config_path)],
+            argv=[*run, *args],
             log_path=self.log_path,
             marker=str(self.config_path),
             env={"ARROW_DEFAULT_MEMORY_POOL": "jemalloc", **(env or {})},
@@ -170,6 +182,12 @@ class DaemonNode:
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
 
+    def wait_exit(self, timeout: float) -> int:
+        """Wait up to `timeout` s for the process to end (else `subprocess.TimeoutExpired`);
+        its exit code, -N if signal N killed it."""
+        assert self.process is not None and self.process.popen is not None
+        return self.process.popen.wait(timeout=timeout)
+
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM and wait (SIGKILL after `timeout`)."""
         if self.process is not None:
@@ -183,9 +201,13 @@ class DaemonNode:
         if sig == signal.SIGKILL:
             self.process.stop(timeout=5.0)
 
-    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    def get(self, path: str, timeout: float = 5.0, token: str | None = None) -> tuple[int, bytes]:
+        """GET an admin path with the node's token (or `token`; "" sends none)."""
+        bearer = self.token if token is None else token
+        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        request = urllib.request.Request(f"{self.url}{path}", headers=headers)
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as resp:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), bytes(exc.read())
@@ -233,6 +255,7 @@ class LocalCluster:
         session_timeout: float = 4.0,
         rows_per_task: int = 500_000,
         spark_on_followers: bool = False,
+        server: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.stack = stack
@@ -258,8 +281,10 @@ class LocalCluster:
                 database=database,
                 rows_per_task=rows_per_task,
                 spark_on_followers=spark_on_followers,
+                server=server,
             )
-            self.nodes[node] = DaemonNode(node, root, text, http, flight)
+            token = str((server or {}).get("token", ""))
+            self.nodes[node] = DaemonNode(node, root, text, http, flight, token=token)
 
     def start(self, timeout: float = 90.0) -> None:
         for node in self.nodes.values():
