@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 SHARDS = [0, 1]
 PARTITIONS = 8
 HELD = {"min_rows": 1_000_000, "max_age": 300}  # nothing flushes: rows stay in the buffers
+TOKEN = "ops-test-token"
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -63,7 +64,10 @@ def test_every_command_on_a_two_node_cluster(
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    cluster: LocalCluster = make_cluster({"n1": SHARDS, "n2": SHARDS}, buffer=HELD)
+    # With a bearer token: every command below must find it in the config.
+    cluster: LocalCluster = make_cluster(
+        {"n1": SHARDS, "n2": SHARDS}, buffer=HELD, server={"token": TOKEN}
+    )
     config = str(cluster.nodes["n1"].config_path)
 
     # init creates the layout and tables; a second run changes nothing.
@@ -82,16 +86,28 @@ def test_every_command_on_a_two_node_cluster(
     cluster.start()
     leaders = cluster.wait_leaders(SHARDS)
 
-    # failover: shard 1 moves to the node that does not lead shard 0, and reports the time.
-    target = "n2" if leaders[0] == "n1" else "n1"
+    # Only the health probes and the Prometheus scrape answer without the token.
+    n1 = cluster.nodes["n1"]
+    assert n1.get("/status", token="")[0] == 401
+    assert n1.get("/status", token="wrong")[0] == 401
+    assert [n1.get(path, token="")[0] for path in ("/health", "/ready", "/metrics")] == [200] * 3
+
+    # failover: shard 1 moves to the other node and reports the time; then, if both shards
+    # ended up on one node, a failover without --to splits them again.
     refused = hakafka("failover", "--config", config, "--shard", "1", "--to", "nope")
     assert refused.code == 1 and "nope is not registered" in refused.err
-    if leaders[1] != target:
-        moved = hakafka("failover", "--config", config, "--shard", "1", "--to", target, "--json")
-        assert moved.code == 0, moved.err
-        handover = json.loads(moved.out)
-        assert handover["previous"] == leaders[1] and handover["leader"] == target
-        assert 0 < handover["seconds"] < 60
+    other = "n2" if leaders[1] == "n1" else "n1"
+    moved = hakafka("failover", "--config", config, "--shard", "1", "--to", other, "--json")
+    assert moved.code == 0, moved.err
+    handover = json.loads(moved.out)
+    assert handover["previous"] == leaders[1] and handover["leader"] == other
+    assert 0 < handover["seconds"] < 60
+    assert cluster.wait_leaders(SHARDS)[1] == other
+    target = "n2" if leaders[0] == "n1" else "n1"
+    if other != target:
+        back = hakafka("failover", "--config", config, "--shard", "1", "--json")
+        assert back.code == 0, back.err
+        assert json.loads(back.out)["leader"] == target
     same = hakafka("failover", "--config", config, "--shard", "1", "--to", target)
     assert same.code == 1 and f"{target} already leads it" in same.err
     usage = hakafka("failover", "--config", config, "--shard", "7")
@@ -195,7 +211,7 @@ def test_every_command_on_a_two_node_cluster(
     )
     assert by_name["hakafka_buffer_rows"] == buffered["buffer_rows"] == 10_000
     assert by_name["hakafka_buffer_bytes"] == buffered["buffer_bytes"] > 0
-    assert by_name["hakafka_leader"] == 1
+    assert by_name["hakafka_leader"] == 1 and by_name["hakafka_epoch"] >= 1
     lag = {k[1]: v for k, v in samples.items() if k[0] == "hakafka_kafka_lag"}
     shard0_lag = {dict(k)["partition"]: v for k, v in lag.items() if dict(k)["shard"] == "0"}
     assert shard0_lag == {"0": 0, "2": 0, "4": 0, "6": 0}
