@@ -47,7 +47,8 @@ class LogSink:
 
 
 def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = None) -> LogSink:
-    """Configure structlog (and the stdlib loggers under it) once per process."""
+    """Configure structlog once per process; stdlib loggers (kazoo, py4j) write WARNING and
+    up through the same renderer to the same sink, so every line has one format."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = sink or LogSink()
@@ -56,11 +57,12 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,
@@ -69,5 +71,19 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
         logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                stamp,
+                structlog.processors.format_exc_info,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)
     return out

@@ -18,10 +18,15 @@ UNITS = Path(__file__).resolve().parents[2] / "systemd"
 def systemd_analyze() -> str:
     found = shutil.which("systemd-analyze")
     if found is None:
-        subprocess.run(["apt-get", "install", "-y", "systemd"], capture_output=True, check=False)
+        # A fresh image has no package lists yet: update first, both bounded.
+        for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "systemd"]):
+            subprocess.run(step, capture_output=True, timeout=600, check=False)
         found = shutil.which("systemd-analyze")
     if found is None:
-        pytest.skip("systemd-analyze is missing and `apt-get install systemd` did not provide it")
+        pytest.skip(
+            "systemd-analyze is missing and `apt-get update && apt-get install systemd` "
+            "did not provide it (not root, or no network)"
+        )
     return found
 
 
