@@ -43,16 +43,23 @@ class MotoS3:
         }
 
     def start(self, timeout: float = 30.0) -> None:
+        """Start the server and wait until it answers; if it does not within `timeout` s its
+        process is stopped by PID before the `DevstackError` propagates."""
         ensure_port_free(self.port, what="moto S3 server")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.process = ManagedProcess(
+        process = ManagedProcess(
             name="moto S3 server",
             argv=[sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
             log_path=self.root / "moto.log",
             marker="moto.server",
         )
-        self.process.start()
-        self.process.wait_ready(self.healthy, timeout=timeout)
+        self.process = process
+        process.start()
+        try:
+            process.wait_ready(self.healthy, timeout=timeout)
+        except BaseException:
+            process.stop()
+            raise
 
     def healthy(self) -> bool:
         try:

@@ -2,12 +2,14 @@
 
 `up` starts ZooKeeper, the tansu broker and the ClickHouse front in the background, waits
 until each is healthy, and records what it started in `<root>/stack.json` (PIDs, command
-lines, endpoints) and `<root>/stack.env` (endpoints as shell variables). `down` stops exactly
-those PIDs, and only while each still runs the recorded command line.
+lines, endpoints) and `<root>/stack.env` (endpoints as shell variables); if any service fails,
+it stops everything it started before reporting the error. `down` stops exactly those PIDs,
+and only while each still runs the recorded command line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -98,8 +100,13 @@ class DevStack:
         raw = json.loads(self.state_path.read_text())
         return [ServiceRecord(**item) for item in raw["services"]]
 
-    def up(self, *, zk_members: int = 1) -> list[ServiceRecord]:
-        """Start the stack unless it runs already; return what runs."""
+    def up(self, *, zk_members: int = 1, timeout: float = 30.0) -> list[ServiceRecord]:
+        """Start the stack unless it runs already; return what runs.
+
+        Each service must be healthy within `timeout` s. If any step fails (or is interrupted),
+        every process this call started is stopped by PID, nothing is recorded, and the error
+        propagates.
+        """
         recorded = self.records()
         running = [r for r in recorded if _owned(r)]
         if running:
@@ -109,27 +116,29 @@ class DevStack:
                 f"part of a stack still runs from {self.state_path}: run `hakafka dev down` first"
             )
         self.root.mkdir(parents=True, exist_ok=True)
-        started: list[ServiceRecord] = []
+        zk = ZooKeeperEnsemble(self.root / "zookeeper", members=zk_members)
+        broker = KafkaBroker(self.root / "kafka")
+        ch = ClickHouseService(self.root / "clickhouse")
         try:
-            zk = ZooKeeperEnsemble(self.root / "zookeeper", members=zk_members)
-            zk.start()
-            started += [
+            zk.start(timeout=timeout)
+            broker.start(timeout=timeout)
+            ch.start(timeout=timeout)
+            started = [
                 _record("zookeeper", m.pid, f"127.0.0.1:{m.client_port}", "HAKAFKA_ZK_HOSTS")
                 for m in zk.members
             ]
-            broker = KafkaBroker(self.root / "kafka")
-            broker.start()
             started.append(
                 _record("kafka", broker.pid, broker.bootstrap, "HAKAFKA_KAFKA_BOOTSTRAP")
             )
-            ch = ClickHouseService(self.root / "clickhouse")
-            ch.start()
             started.append(_record("clickhouse", ch.pid, ch.url, "HAKAFKA_CLICKHOUSE_URL"))
+            self._save(started)
         except BaseException:
-            for record in started:
-                stop_pid(record.pid, marker=record.cmdline)
+            # Reverse start order; stopping a service that never started is a no-op.
+            for service in (ch, broker, zk):
+                # Attempt every stop: the start error is the one the user must see.
+                with contextlib.suppress(Exception):
+                    service.stop()
             raise
-        self._save(started)
         return started
 
     def _save(self, records: list[ServiceRecord]) -> None:

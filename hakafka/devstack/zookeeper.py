@@ -199,12 +199,20 @@ class ZooKeeperEnsemble:
         member.process.start()
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start every member and wait until each one serves clients."""
+        """Start every member and wait until each one serves clients.
+
+        If any member fails to start or to serve within `timeout` s, every member started
+        here is stopped by PID before the error propagates: nothing is left running.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        for member in self.members:
-            self._spawn(member)
-        for member in self.members:
-            self._wait_serving(member, timeout)
+        try:
+            for member in self.members:
+                self._spawn(member)
+            for member in self.members:
+                self._wait_serving(member, timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """Stop every member by PID."""
@@ -242,10 +250,16 @@ class ZooKeeperEnsemble:
         member.process.stop()
 
     def start_member(self, myid: int, timeout: float = 30.0) -> None:
-        """Start a stopped member again on its ports and data and wait until it serves."""
+        """Start a stopped member again on its ports and data and wait until it serves;
+        if it does not serve within `timeout` s it is stopped again and the error raised."""
         member = self.member(myid)
-        self._spawn(member)
-        self._wait_serving(member, timeout)
+        try:
+            self._spawn(member)
+            self._wait_serving(member, timeout)
+        except BaseException:
+            if member.process is not None:
+                member.process.stop()
+            raise
 
     @staticmethod
     def _wait_serving(member: ZooKeeperMember, timeout: float) -> None:
