@@ -147,9 +147,19 @@ class Coordinator:
         return self._registry.replacing()
 
     def writable_replicas(self, shard: int, replicas: Mapping[str, str]) -> dict[str, str]:
-        """`replicas` (node -> ClickHouse endpoint of `shard`) minus nodes under replacement."""
+        """`replicas` (node -> ClickHouse endpoint of `shard`) minus the nodes under
+        replacement, whose flags are read from ZooKeeper on every call: every node asking
+        gets the same answer as soon as a flag is set or cleared.
+
+        The map comes from the caller because it is config (`[clickhouse.replicas]`), not
+        ZooKeeper state: `nodes/<node>` is ephemeral, so a replaced node whose daemon is down
+        would drop out of an answer built from it instead of being reported not writable,
+        and a crashed daemon would take a healthy ClickHouse out. `shard` is for the log."""
         writable = self._registry.writable_replicas(replicas)
-        log.debug("registry.writable_replicas", shard=shard, writable=sorted(writable))
+        excluded = sorted(set(replicas) - set(writable))
+        log.debug(
+            "registry.writable_replicas", shard=shard, writable=sorted(writable), excluded=excluded
+        )
         return writable
 
     # -- elections --------------------------------------------------------------------------

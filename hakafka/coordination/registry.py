@@ -87,6 +87,7 @@ class Registry:
         return set(self._session.children(paths.REPLACING, watch))
 
     def writable_replicas(self, replicas: Mapping[str, str]) -> dict[str, str]:
-        """`replicas` (node -> ClickHouse endpoint) minus the nodes under replacement."""
+        """`replicas` (node -> ClickHouse endpoint) minus the nodes flagged in `replacing/`
+        right now (read on every call, never cached)."""
         excluded = self.replacing_names()
         return {node: ep for node, ep in replicas.items() if node not in excluded}

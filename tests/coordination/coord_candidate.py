@@ -72,7 +72,7 @@ class Candidate:
                 self.fenced = None  # lost again before this callback ran
             self.emit("became_leader", epoch=event.epoch, token=event.token, at=event.at)
         elif isinstance(event, Resumed):
-            self.emit("resumed", epoch=event.epoch, at=event.at)
+            self.emit("resumed", epoch=event.epoch, token=event.token, at=event.at)
         elif isinstance(event, LostLeadership):
             self.emit("lost", reason=event.reason, at=event.at)
         elif isinstance(event, Suspended):
@@ -131,6 +131,7 @@ class CandidateProcess:
         self, hosts: str, root: str, node: str, shard: int = 0, session_timeout: float = 2.0
     ) -> None:
         self.node = node
+        self.shard = shard
         argv = [sys.executable, __file__, "--hosts", hosts, "--root", root, "--node", node]
         argv += ["--shard", str(shard), "--session-timeout", str(session_timeout)]
         self.popen = subprocess.Popen(
@@ -181,6 +182,10 @@ class CandidateProcess:
         assert self.popen.stdin is not None
         self.popen.stdin.write(command + "\n")
         self.popen.stdin.flush()
+
+    def alive(self) -> bool:
+        """True until the process has exited."""
+        return self.popen.poll() is None
 
     def signal(self, sig: signal.Signals) -> None:
         if self.popen.poll() is None:

@@ -1,5 +1,6 @@
 """Election, replacement flags and ops failover with in-process coordinators against the real
-3-member ZooKeeper ensemble; a separate watcher records every change of the leader znode."""
+3-member ZooKeeper ensemble; a separate watcher records every change of the leader znode, and
+the one-leader watcher samples every candidate throughout each test."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ def stand(
     coordinators: Any,
     nodes: list[str],
     log: Any,
+    one_leader: Any,
     *,
     resign_on_failover: bool = True,
 ) -> tuple[dict[str, Coordinator], dict[str, Leadership]]:
-    """Start a coordinator per node and join shard 0, in this order (so sequences ascend)."""
+    """Start a coordinator per node and join shard 0, in this order (so sequences ascend);
+    `one_leader` samples each one from its join on."""
     made: dict[str, Coordinator] = {}
     joined: dict[str, Leadership] = {}
     for node in nodes:
@@ -45,6 +48,7 @@ def stand(
 
         made[node] = coordinator
         joined[node] = coordinator.join(0, on_change=on_change)
+        one_leader.add_leadership(node, joined[node])
         # Its first evaluation (standing or withdrawing) is done before the next node joins.
         coordinator._worker.submit(lambda: None).result(ELECT_TIMEOUT_S)
     wait_until(
@@ -80,11 +84,11 @@ def wait_new_leader(joined: dict[str, Leadership], old: str, timeout: float) -> 
 @pytest.mark.integration
 @pytest.mark.parametrize("count", [2, 3])
 def test_one_leader_and_clean_resign_hands_over_within_500ms(
-    leadership_log: Any, coordinators: Any, leader_watcher: Any, count: int
+    leadership_log: Any, coordinators: Any, leader_watcher: Any, one_leader: Any, count: int
 ) -> None:
     log = leadership_log
     nodes = [f"n{i}" for i in range(1, count + 1)]
-    made, joined = stand(coordinators, nodes, log)
+    made, joined = stand(coordinators, nodes, log, one_leader)
     assert leader(joined) == "n1"  # the lowest sequence
     for _ in range(4):
         old = leader(joined)
@@ -98,6 +102,7 @@ def test_one_leader_and_clean_resign_hands_over_within_500ms(
         wait_until(watcher_view, timeout=2.0, what=f"{old} seeing {new} as leader")
     time.sleep(0.3)
     leader(joined)
+    one_leader.assert_never_two()
     log.assert_one_leader()
     leader_watcher.assert_epochs_increase()
     assert len(log.intervals()) == 5
@@ -106,7 +111,7 @@ def test_one_leader_and_clean_resign_hands_over_within_500ms(
 
 @pytest.mark.integration
 def test_replacing_node_never_leads_and_leadership_moves_off_it(
-    leadership_log: Any, coordinators: Any, leader_watcher: Any, zk_root: str
+    leadership_log: Any, coordinators: Any, leader_watcher: Any, one_leader: Any, zk_root: str
 ) -> None:
     log = leadership_log
     ops = coordinators("ops", register=False)
@@ -117,7 +122,7 @@ def test_replacing_node_never_leads_and_leadership_moves_off_it(
     raw.start(timeout=10)
     try:
         stale = raw.create(f"{zk_root}/shards/0/election/n_", b"n1", ephemeral=True, sequence=True)
-        _, joined = stand(coordinators, ["n1", "n2", "n3"], log)
+        made, joined = stand(coordinators, ["n1", "n2", "n3"], log, one_leader)
         assert leader(joined) == "n2"
         children = sorted(raw.get_children(f"{zk_root}/shards/0/election"))
         assert children[0] == stale.rsplit("/", 1)[1]
@@ -145,9 +150,22 @@ def test_replacing_node_never_leads_and_leadership_moves_off_it(
         joined["n3"].resign("test")
         assert wait_new_leader(joined, "n3", 2.0) == "n2"
         assert ops.writable_replicas(0, replicas) == {"n2": "ch2:8123", "n3": "ch3:8123"}
+
+        # Every node asking gets the same answer, read from the flags when asked (the map
+        # itself is config). Whether a node's daemon runs does not matter: n4 is flagged
+        # while its host is swapped (no nodes/n4), n5's daemon is merely down.
+        ops.mark_replacing("n4", "host swapped", by="alice")
+        everyone = {**replicas, "n4": "ch4:8123", "n5": "ch5:8123"}
+        for asking in (ops, made["n1"], made["n3"]):
+            assert asking.writable_replicas(0, everyone) == {
+                "n2": "ch2:8123",
+                "n3": "ch3:8123",
+                "n5": "ch5:8123",
+            }
     finally:
         raw.stop()
         raw.close()
+    one_leader.assert_never_two()
     log.assert_one_leader()
     assert "n1" not in log.leaders()
     assert "n1" not in {node for _, node, _ in leader_watcher.seen}
@@ -155,10 +173,10 @@ def test_replacing_node_never_leads_and_leadership_moves_off_it(
 
 @pytest.mark.integration
 def test_failover_to_lands_on_the_requested_node(
-    leadership_log: Any, coordinators: Any, leader_watcher: Any, zk_root: str
+    leadership_log: Any, coordinators: Any, leader_watcher: Any, one_leader: Any, zk_root: str
 ) -> None:
     log = leadership_log
-    made, joined = stand(coordinators, ["n1", "n2", "n3"], log)
+    made, joined = stand(coordinators, ["n1", "n2", "n3"], log, one_leader)
     ops = made["n1"]
     assert leader(joined) == "n1"
 
@@ -188,15 +206,18 @@ def test_failover_to_lands_on_the_requested_node(
     )
     time.sleep(0.3)
     assert leader(joined) == new  # the new leader does not resign for the old request
+    one_leader.assert_never_two()
     log.assert_one_leader()
     leader_watcher.assert_epochs_increase()
     assert [n for _, _, n in log.intervals()] == ["n1", "n3", new]
 
 
 @pytest.mark.integration
-def test_failover_refusals_name_the_node_and_why(leadership_log: Any, coordinators: Any) -> None:
+def test_failover_refusals_name_the_node_and_why(
+    leadership_log: Any, coordinators: Any, one_leader: Any
+) -> None:
     log = leadership_log
-    made, joined = stand(coordinators, ["n1", "n2"], log)
+    made, joined = stand(coordinators, ["n1", "n2"], log, one_leader)
     outsider = coordinators("n9")  # registered but never joins shard 0
     ops = made["n1"]
     with pytest.raises(
@@ -210,16 +231,19 @@ def test_failover_refusals_name_the_node_and_why(leadership_log: Any, coordinato
         ops.request_failover(0, to=outsider.node_id)
     assert ops._session.exists("/shards/0/failover") is None
     assert leader(joined) == "n1"
+    one_leader.assert_never_two()
 
 
 @pytest.mark.integration
 def test_failover_target_that_does_not_take_over_times_out(
-    leadership_log: Any, coordinators: Any, zk_root: str
+    leadership_log: Any, coordinators: Any, one_leader: Any, zk_root: str
 ) -> None:
     log = leadership_log
     # A leader that ignores the request (a daemon stuck in a flush): nobody takes over, and
     # the others stop stepping aside when the deadline passes.
-    made, joined = stand(coordinators, ["n1", "n2", "n3"], log, resign_on_failover=False)
+    made, joined = stand(
+        coordinators, ["n1", "n2", "n3"], log, one_leader, resign_on_failover=False
+    )
     ops = made["n1"]
     ops.request_failover(0, to="n3", timeout_s=1.0)
     wait_until(joined["n1"].failover_requested.is_set, timeout=3.0, what="leader told")
@@ -241,13 +265,14 @@ def test_failover_target_that_does_not_take_over_times_out(
         what="n2 standing again",
     )
     assert leader(joined) == "n1"
+    one_leader.assert_never_two()
     log.assert_one_leader()
 
 
 @pytest.mark.integration
-def test_leader_status_and_leave(leadership_log: Any, coordinators: Any) -> None:
+def test_leader_status_and_leave(leadership_log: Any, coordinators: Any, one_leader: Any) -> None:
     log = leadership_log
-    made, joined = stand(coordinators, ["n1", "n2"], log)
+    made, joined = stand(coordinators, ["n1", "n2"], log, one_leader)
     joined["n1"].set_status("consuming")
     info = made["n2"].leader_of(0)
     assert info is not None and (info.node, info.status, info.epoch) == ("n1", "consuming", 1)
@@ -258,4 +283,5 @@ def test_leader_status_and_leave(leadership_log: Any, coordinators: Any) -> None
     assert len(made["n2"]._session.children("/shards/0/election")) == 1
     assert set(made["n2"].nodes()) == {"n1", "n2"}
     assert made["n2"].nodes()["n1"].http == "http://127.0.0.1:1/n1"
+    one_leader.assert_never_two()
     log.assert_one_leader()

@@ -88,9 +88,10 @@ def test_fenced_state_of_a_resigned_leader_refuses_locally(coordinators: Any) ->
 
 
 @pytest.mark.integration
-def test_not_leading_has_no_fenced_state(coordinators: Any) -> None:
-    lead(coordinators, "n1")
+def test_not_leading_has_no_fenced_state(coordinators: Any, one_leader: Any) -> None:
+    one_leader.add_leadership("n1", lead(coordinators, "n1"))
     follower = coordinators("n2").join(0)
+    one_leader.add_leadership("n2", follower)
     wait_until(
         lambda: len(coordinators.made[1]._session.children("/shards/0/election")) == 2,
         timeout=5,
@@ -98,3 +99,4 @@ def test_not_leading_has_no_fenced_state(coordinators: Any) -> None:
     )
     with pytest.raises(FencedError, match="node n2 is not the leader"):
         follower.fenced()
+    one_leader.assert_never_two()

@@ -47,22 +47,24 @@ def successor(alive: list[Any], since: float) -> tuple[Any, float]:
 
 @pytest.mark.integration
 def test_kill_9_of_the_leader_elects_a_new_one_within_session_timeout(
-    candidates: Any, leader_watcher: Any, leadership_log: Any
+    candidates: Any, leader_watcher: Any, leadership_log: Any, one_leader: Any
 ) -> None:
     procs = [candidates(node) for node in ("n1", "n2", "n3")]
+    for proc in procs:
+        one_leader.add_process(proc)
     alive = list(procs)
     leader = started_leader(procs)
     assert leader.node == "n1"
     killed_at: dict[str, float] = {}
     for _ in range(2):
-        leader.signal(signal.SIGKILL)
-        killed = time.time()
+        killed = one_leader.signal(leader, signal.SIGKILL)
         killed_at[leader.node] = killed
         alive.remove(leader)
         leader, became = successor(alive, killed)
         took = became - killed
         assert took < SESSION_TIMEOUT_S + 1.0, f"new leader after {took:.2f} s"
     assert leader.node == "n3"
+    one_leader.assert_never_two()
     for proc in procs:
         leadership_log.feed(proc.node, proc.events)
         if proc.node in killed_at:  # a killed leader led until the kill at the latest
@@ -76,16 +78,17 @@ def test_kill_9_of_the_leader_elects_a_new_one_within_session_timeout(
 
 @pytest.mark.integration
 def test_leader_frozen_past_its_session_is_fenced_after_resuming(
-    candidates: Any, zookeeper_ensemble: Any, zk_root: str
+    candidates: Any, zookeeper_ensemble: Any, zk_root: str, one_leader: Any
 ) -> None:
     n1 = candidates("n1")
     n2 = candidates("n2")
+    one_leader.add_process(n1)
+    one_leader.add_process(n2)
     assert started_leader([n1, n2]) is n1
     n1.send("commit p t 0 10")
     assert n1.wait_event("commit", 10).get("ok") is True
 
-    n1.signal(signal.SIGSTOP)
-    stopped = time.time()
+    stopped = one_leader.signal(n1, signal.SIGSTOP)
     took_over = n2.wait_event("became_leader", SESSION_TIMEOUT_S + 5)
     assert took_over["at"] - stopped < SESSION_TIMEOUT_S + 1.0
     n2.send("commit p t 0 20")
@@ -93,7 +96,7 @@ def test_leader_frozen_past_its_session_is_fenced_after_resuming(
 
     # The zombie wakes up and tries to commit with the token it had: refused.
     n1.send("commit p t 0 999")
-    n1.signal(signal.SIGCONT)
+    one_leader.signal(n1, signal.SIGCONT)
     refused = n1.wait_event("commit", 15)
     assert refused.get("error") == "FencedError", refused
     assert "shard 0" in refused["message"]
@@ -117,16 +120,24 @@ def test_leader_frozen_past_its_session_is_fenced_after_resuming(
     assert json.loads(leader)["node"] == "n2"
     # n1 stands again behind n2 and never claimed leadership back.
     assert [e for e in n1.events if e["event"] == "became_leader"][1:] == []
+    # The thawed zombie believed it led until it noticed, but with a stale token (refused
+    # above), so it never counted as a second leader.
+    one_leader.assert_never_two()
 
 
 @pytest.mark.integration
 def test_crash_of_the_ensemble_leader_member_keeps_one_leader(
-    coordinators: Any, zookeeper_ensemble: Any, leader_watcher: Any, leadership_log: Any
+    coordinators: Any,
+    zookeeper_ensemble: Any,
+    leader_watcher: Any,
+    leadership_log: Any,
+    one_leader: Any,
 ) -> None:
     joined = {}
     for node in ("n1", "n2", "n3"):
         coordinator = coordinators(node, session_timeout_s=4.0)
         joined[node] = coordinator.join(0, on_change=leadership_log.callback(node))
+        one_leader.add_leadership(node, joined[node])
     assert joined["n1"].wait_leader(10)
     zk_leader = zookeeper_ensemble.leader_id()
     assert zk_leader is not None
@@ -146,6 +157,7 @@ def test_crash_of_the_ensemble_leader_member_keeps_one_leader(
     finally:
         zookeeper_ensemble.start_member(zk_leader)
         zookeeper_ensemble.wait_settled(timeout=30)
+    one_leader.assert_never_two()
     leadership_log.assert_one_leader()
     leader_watcher.assert_epochs_increase()
     leading = [n for n, lead in joined.items() if lead.state is LeadershipState.LEADER]

@@ -1,11 +1,12 @@
 """Sessions: expiry and re-registration, digest ACLs and the chroot, against the real
-3-member ZooKeeper ensemble."""
+3-member ZooKeeper ensemble; an unreachable or frozen server, against standalone ones."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +21,10 @@ from hakafka.coordination import (
     Resumed,
     Suspended,
     ZkConfig,
+    ZooKeeperUnavailableError,
 )
-from hakafka.devstack.process import wait_until
+from hakafka.devstack.process import running, wait_until
+from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 
 def expire_session(hosts: str, coordinator: Any) -> None:
@@ -36,14 +39,16 @@ def expire_session(hosts: str, coordinator: Any) -> None:
 
 @pytest.mark.integration
 def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
-    coordinators: Any, zookeeper_ensemble: Any, leadership_log: Any
+    coordinators: Any, zookeeper_ensemble: Any, leadership_log: Any, one_leader: Any
 ) -> None:
     events: list[Any] = []
     n1 = coordinators("n1")
     n2 = coordinators("n2")
     first = n1.join(0, on_change=events.append)
+    one_leader.add_leadership("n1", first)
     assert first.wait_leader(10)
     second = n2.join(0, on_change=leadership_log.callback("n2"))
+    one_leader.add_leadership("n2", second)
     wait_until(
         lambda: len(n2._session.children("/shards/0/election")) == 2, timeout=5, what="n2 standing"
     )
@@ -73,6 +78,7 @@ def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
     )
     second.resign("test")
     assert first.wait_leader(5)
+    one_leader.assert_never_two()
 
 
 @pytest.mark.integration
@@ -156,3 +162,36 @@ def test_unreachable_zookeeper_suspends_the_leader_within_the_session_timeout(
         leadership.fenced().commit_checkpoint("p", {"t": {0: 1}})
     finally:
         coordinator.close()
+
+
+@pytest.mark.integration
+def test_a_read_against_a_frozen_server_fails_within_the_request_timeout(
+    tmp_path: Path,
+) -> None:
+    # A server of its own: freezing the shared ones would stall every other test's clients.
+    with running(ZooKeeperEnsemble(tmp_path / "zk", members=1)) as zookeeper:
+        # A long session: kazoo declares a silent connection lost only after 2/3 of it (over
+        # 6 s here), so what ends the call below can only be the request timeout.
+        config = ZkConfig(
+            hosts=zookeeper.hosts, root="/frozen", session_timeout_s=20.0, request_timeout_s=1.0
+        )
+        coordinator = Coordinator(config, "n1", NodeInfo("127.0.0.1", "", "", os.getpid(), "t"))
+        coordinator.start()
+        try:
+            coordinator.register()
+            server = zookeeper.members[0].pid
+            assert server is not None
+            os.kill(server, signal.SIGSTOP)  # the connection stays up; nothing answers
+            try:
+                for read in (lambda: coordinator.leader_of(0), coordinator.nodes):
+                    started = time.monotonic()
+                    with pytest.raises(ZooKeeperUnavailableError, match=r"no answer within 1.0 s"):
+                        read()
+                    took = time.monotonic() - started
+                    assert took < config.request_timeout_s + 2.0, f"the read took {took:.2f} s"
+            finally:
+                os.kill(server, signal.SIGCONT)
+            # The session outlived the freeze: reads are answered again.
+            wait_until(lambda: "n1" in coordinator.nodes(), timeout=10, what="reads answered")
+        finally:
+            coordinator.close()
