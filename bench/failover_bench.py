@@ -68,7 +68,12 @@ def watch_baseline(hosts: str) -> list[float]:
             wait_until(watching, timeout=5, what="reader seeing the znode")
             started = time.time()
             writer.delete(path)
-            fired.wait(5)
+            if not fired.wait(5):
+                # A missed watch is not a 5 s sample: it would skew the floor every ratio uses.
+                raise RuntimeError(
+                    f"baseline round {i + 1}: the reader's watch on {path} did not fire within "
+                    "5 s of the delete; the baseline cannot be measured"
+                )
             samples.append(time.time() - started)
     finally:
         for client in (writer, reader):
