@@ -144,7 +144,8 @@ class Daemon:
         self.crash = CrashPlan.from_environment()
         self.started_at = time.time()
         self._stop = threading.Event()
-        self._signals = 0
+        self._signals: list[str] = []  # names of the stop signals received
+        self._reopen_logs = threading.Event()
         self._pipelines = [
             _Pipelines(p, pipeline_schema(p), PipelineSink(config, p, pipeline_schema(p)))
             for p in config.pipelines
@@ -265,6 +266,11 @@ class Daemon:
         interval = self.notifier.watchdog_interval
         next_ping = 0.0
         while not self._stop.wait(MAIN_LOOP_S if interval is None else min(MAIN_LOOP_S, interval)):
+            if self._reopen_logs.is_set():
+                self._reopen_logs.clear()
+                if self.logs is not None:
+                    self.logs.reopen()
+                log.info("daemon.logs_reopened")
             now = time.monotonic()
             if interval is not None and now >= next_ping and self.healthy():
                 self.notifier.watchdog()
@@ -275,6 +281,8 @@ class Daemon:
     def _shutdown(self) -> int:
         began = time.monotonic()
         self.notifier.stopping()
+        if self._signals:
+            log.info("daemon.signal", signal=self._signals[0])
         log.info("daemon.stopping")
         # The unit's TimeoutStopSec is just above this bound: exit by ourselves, with a log
         # line saying so, rather than be SIGKILLed by systemd.
@@ -293,25 +301,28 @@ class Daemon:
         return 0
 
     def _shutdown_overran(self) -> None:
-        log.error("daemon.shutdown_overran", bound_s=SHUTDOWN_BOUND_S)
+        self._emergency("daemon.shutdown_overran", "error", bound_s=SHUTDOWN_BOUND_S)
         os._exit(1)
+
+    def _emergency(self, event: str, level: str, **fields: object) -> None:
+        """Log without locks: a thread stuck in a write must not keep the process alive."""
+        (self.logs or LogSink()).emergency(event, level, **fields)
 
     def request_stop(self) -> None:
         self._stop.set()
 
     def _install_signals(self) -> None:
+        # Handlers run on the main thread between bytecodes, maybe inside a log write that
+        # holds the sink's lock: they only set flags, or write without locks and exit.
         def on_stop(signum: int, _frame: FrameType | None) -> None:
-            self._signals += 1
-            if self._signals > 1:
-                log.warning("daemon.exit_now", signal=signal.Signals(signum).name)
+            self._signals.append(signal.Signals(signum).name)
+            if len(self._signals) > 1:
+                self._emergency("daemon.exit_now", "warning", signal=self._signals[-1])
                 os._exit(1)
-            log.info("daemon.signal", signal=signal.Signals(signum).name)
             self._stop.set()
 
         def on_hup(_signum: int, _frame: FrameType | None) -> None:
-            if self.logs is not None:
-                self.logs.reopen()
-            log.info("daemon.logs_reopened")
+            self._reopen_logs.set()
 
         # SIGUSR1 dumps every thread's stack to stderr: how to see where a stuck daemon waits.
         faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -6,9 +6,13 @@ logrotate can move it away.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +41,14 @@ class LogSink:
     def flush(self) -> None:
         with self._lock:
             self._stream.flush()
+
+    def emergency(self, event: str, level: str, **fields: object) -> None:
+        """Write one JSON event line without taking any lock, so it cannot deadlock in a
+        signal handler or while a stuck thread holds the sink; never raises."""
+        stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        line = json.dumps({"event": event, "level": level, "timestamp": stamp, **fields})
+        with contextlib.suppress(OSError, ValueError):
+            os.write(self._stream.fileno(), (line + "\n").encode())
 
     def reopen(self) -> None:
         if self.path is None:
