@@ -138,13 +138,15 @@ def _decimal(precision: int, scale: int) -> ArrowType:
     return ArrowType(arrow, arrow, nullable=False)
 
 
-def arrow_type(ch_type: str, *, column: str = "?") -> ArrowType:
-    """The Arrow form of ClickHouse type `ch_type`, or a `SchemaError` naming `column`."""
+def arrow_type(ch_type: str, *, column: str | None = None) -> ArrowType:
+    """The Arrow form of ClickHouse type `ch_type`, or a `SchemaError` (naming `column` if
+    given; a config check names the key instead)."""
     try:
         return _map_type(ch_type)
     except ValueError as exc:
+        where = "" if column is None else f"column {column!r}: "
         raise SchemaError(
-            f"column {column!r}: ClickHouse type {ch_type!r} is not supported ({exc}); "
+            f"{where}ClickHouse type {ch_type!r} is not supported ({exc}); "
             "supported: Int8..Int64, UInt8..UInt64, Float32/64, Bool, String, Date, Date32, "
             "DateTime[(tz)], DateTime64(p[, tz]), Decimal(p, s), Decimal32/64/128(s), "
             "Nullable(T), LowCardinality(T), Array(T)"

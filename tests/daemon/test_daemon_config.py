@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -199,3 +201,55 @@ def test_merge_tree_needs_one_server_per_shard(tmp_path: Path) -> None:
         "http://127.0.0.1:8124", "127.0.0.1:8123"
     )
     assert load_config(write(tmp_path, same)).clickhouse.engine == "MergeTree"
+
+
+def config_check(path: Path) -> subprocess.CompletedProcess[str]:
+    """`hakafka config check PATH` through the installed console script, as operators run it."""
+    script = Path(sys.executable).with_name("hakafka")
+    return subprocess.run(
+        [str(script), "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_config_check_command_names_every_bad_key_and_passes_a_good_file(tmp_path: Path) -> None:
+    good = write(tmp_path, GOOD)
+    ok = config_check(good)
+    assert (ok.returncode, ok.stderr) == (0, ""), ok.stderr
+    assert ok.stdout == f"{good}: ok (node node-1, shards [0, 1] of 2, pipelines events)\n"
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        "bogus_key = 1\n"
+        + textwrap.dedent(GOOD)
+        .replace('on_error = "dead_letter"', 'on_error = "ignore"')
+        .replace('fsync = "always"', 'fsync = "sometimes"')
+        .replace("session_timeout = 4", 'session_timeout = "4s"')
+        .replace("max_rows = 100", "max_rows = 5")
+        .replace('name = "String"', 'name = "Map(String, String)"')
+    )
+    failed = config_check(bad)
+    assert failed.returncode == 1 and failed.stdout == "", failed
+    lines = failed.stderr.splitlines()
+    assert lines[0] == f"hakafka: invalid configuration {bad}:"
+    expected = [
+        "  - bogus_key: unknown key",
+        "  - pipelines[0].on_error: must be one of dead_letter, skip, fail; got 'ignore'",
+        "  - pipelines[0].wal.fsync: must be one of always, batch, interval, off; got 'sometimes'",
+        "  - zookeeper.session_timeout: must be a number, got a string '4s'",
+        "  - pipelines[0].buffer.min_rows: must not exceed max_rows (10 > 5)",
+    ]
+    for line in expected:
+        assert line in lines, (line, lines)
+    # The ClickHouse type check is the command's own (load_config alone accepts any type).
+    (column,) = [line for line in lines if line.startswith("  - pipelines[0].columns.name: ")]
+    assert column.startswith("  - pipelines[0].columns.name: ClickHouse type 'Map(String, ")
+    assert "'Map(String, String)' is not supported" in column and "supported: Int8" in column
+    assert len(lines) == 1 + len(expected) + 1, lines
+
+    missing = config_check(tmp_path / "missing.toml")
+    assert missing.returncode == 1
+    assert "cannot read the file: No such file or directory" in missing.stderr
