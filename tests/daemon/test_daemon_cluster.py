@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from buffer.client import query as remote_query
 from hakafka.devstack.clickhouse import ClickHouseService
 from hakafka.devstack.cluster import StackEndpoints
 from hakafka.devstack.records import Produced, create_topic, tally
@@ -45,15 +49,36 @@ def count(client: Any, table: str) -> int:
     return int(client.command(f"SELECT count() FROM {table}"))
 
 
-def metric(node: Any, name: str) -> float:
-    """Sum of a Prometheus metric's samples on one node's /metrics."""
+def samples(node: Any, name: str) -> dict[str, float]:
+    """A Prometheus metric's samples on one node's /metrics, by their label text."""
     code, body = node.get("/metrics")
     assert code == 200
-    total = 0.0
+    found = {}
     for line in body.decode().splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            labels, value = line.rsplit(" ", 1)
+            found[labels.removeprefix(name)] = float(value)
+    return found
+
+
+def metric(node: Any, name: str) -> float:
+    """Sum of a Prometheus metric's samples on one node's /metrics."""
+    return sum(samples(node, name).values())
+
+
+def log_events(path: Path, offset: int = 0) -> list[dict[str, Any]]:
+    """The JSON events of a daemon's output file from byte `offset` on (other lines skipped)."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    found = []
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue  # a line another writer (the JVM) interleaved with ours
+    return found
 
 
 def test_two_shards_two_replicas_exactly_once_through_a_leader_kill(
@@ -90,8 +115,42 @@ def test_two_shards_two_replicas_exactly_once_through_a_leader_kill(
     assert errors and all(e[0] for e in errors), "every dead letter carries its error text"
 
 
+# The event each flush step logs just before its crash point, and the field naming the block.
+STEP_EVENTS = {
+    "flush.after_pending": ("fenced.pending_written", "block"),
+    "flush.after_insert": ("flush.written", "block_id"),
+    "flush.after_checkpoint": ("fenced.checkpoint_committed", None),
+}
+
+
+def assert_killed_at(node: Any, point: str, nth: int = 2) -> dict[str, Any] | None:
+    """`node` died by SIGKILL at the `nth` pass through `point`, not before or after it:
+    its log has the step's `nth` event and no commit of that block. Returns that event."""
+    assert node.process.exited_with() == -signal.SIGKILL, node.log_tail()
+    found = log_events(node.log_path)
+    assert not [e for e in found if e["event"] in ("daemon.stopping", "pipeline.failed")]
+    if point not in STEP_EVENTS:
+        assert [e for e in found if e["event"] == "consumer.assigned"], node.log_tail()
+        return None
+    name, block_key = STEP_EVENTS[point]
+    steps = [e for e in found if e["event"] == name]
+    assert len(steps) >= nth, (point, steps)
+    step = steps[nth - 1]
+    committed = [e for e in found if e["event"] == "flush.committed"]
+    if block_key is not None:
+        assert step[block_key] not in {e["block"] for e in committed}, step
+    else:
+        # The checkpoint moved (and the intent went with it), but the flush never finished.
+        (offsets,) = step["offsets"].values()
+        assert not [
+            e for e in committed if e["shard"] == step["shard"] and e["checkpoint"] == offsets
+        ], step
+    return step
+
+
 @pytest.mark.parametrize(
-    "point", ["consume.after_wal", "flush.after_pending", "flush.after_insert"]
+    "point",
+    ["consume.after_wal", "flush.after_pending", "flush.after_insert", "flush.after_checkpoint"],
 )
 def test_leader_killed_at_each_protocol_step(
     point: str, make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
@@ -104,7 +163,8 @@ def test_leader_killed_at_each_protocol_step(
     n1.start(env={"HAKAFKA_CRASH_AT": f"{point}:2"})
     n1.wait_up()
     # n1 leads both shards alone, then SIGKILLs itself at the planned step.
-    wait_for(lambda: not n1.alive(), 120, f"n1 to die at {point}")
+    wait_for(lambda: not n1.alive(), 180, f"n1 to die at {point}")
+    step = assert_killed_at(n1, point)
     n2.start()
     n2.wait_up()
     wait_for(lambda: set(n2.leads()) == {0, 1}, 60, "n2 to lead both shards")
@@ -115,12 +175,45 @@ def test_leader_killed_at_each_protocol_step(
     )
     time.sleep(4)
     assert_exactly_once(ch_client, "events", produced.good)
-    if point != "consume.after_wal":
-        # The intent n1 left behind was re-flushed by n2 (from Kafka: n1's WAL is not n2's).
-        reflushes = [
-            line for line in n2.log_path.read_text().splitlines() if "pending.reflush" in line
-        ]
-        assert reflushes and all('"source": "kafka"' in line for line in reflushes), reflushes
+    reflushes = [e for e in log_events(n2.log_path) if e["event"] == "pending.reflush"]
+    # n1's WAL is not n2's: whatever n2 re-flushes comes from Kafka.
+    assert all(e["source"] == "kafka" for e in reflushes), reflushes
+    if point == "flush.after_checkpoint":
+        assert step is not None
+        # The intent was deleted with the checkpoint commit: nothing of that shard is in doubt.
+        assert step["shard"] not in {e["shard"] for e in reflushes}, reflushes
+    elif point != "consume.after_wal":
+        _, block_key = STEP_EVENTS[point]
+        assert step is not None and block_key is not None
+        assert step[block_key] in {e["block"] for e in reflushes}, "n1's intent re-flushed"
+
+
+def test_leader_restarted_after_a_crash_reflushes_its_intent_from_its_own_wal(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    before = produce(stack.kafka, topic, 30_000)
+    cluster = make_cluster({"n1": ALL_SHARDS})
+    n1 = cluster.nodes["n1"]
+    # ClickHouse holds the block, the checkpoint did not move: its rows must not come twice.
+    n1.start(env={"HAKAFKA_CRASH_AT": "flush.after_insert:2"})
+    n1.wait_up()
+    wait_for(lambda: not n1.alive(), 180, "n1 to die at flush.after_insert")
+    step = assert_killed_at(n1, "flush.after_insert")
+    assert step is not None
+    crashed_at = n1.log_path.stat().st_size
+    after = produce(stack.kafka, topic, 10_000, start=30_000)
+    n1.start()
+    n1.wait_up()
+    cluster.wait_leaders(ALL_SHARDS)
+    wait_for(lambda: count(ch_client, "events") >= 40_000, 180, "every row")
+    time.sleep(4)
+    assert_exactly_once(ch_client, "events", before.good | after.good)
+    reflushes = [e for e in log_events(n1.log_path, crashed_at) if e["event"] == "pending.reflush"]
+    assert step["block_id"] in {e["block"] for e in reflushes}, reflushes
+    assert all(e["source"] == "wal" and e["rows"] > 0 for e in reflushes), reflushes
+    assert sum(p["refetched_rows"] for p in n1.pipelines()) == 0
 
 
 def test_restart_replays_the_wal_instead_of_kafka(
@@ -173,10 +266,11 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
             "max_bytes": 1 << 20,
             "min_age": 1,
             "max_age": 2,
-            "limit_bytes": 2 << 20,
+            "limit_bytes": 2 << 20,  # `limit` below
         },
     )
     node = cluster.nodes["n1"]
+    limit = 2 << 20
     cluster.start()
     cluster.wait_leaders(ALL_SHARDS)
     warm = produce(stack.kafka, topic, 2_000)
@@ -192,7 +286,16 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
         assert metric(node, "hakafka_consumed_rows_total") < 102_000, (
             "paused before reading everything"
         )
-        time.sleep(30)
+        # Each shard's 50k rows are more than its limit: both pipelines pause.
+        wait_for(lambda: metric(node, "hakafka_backpressure") == 2, 60, "both pipelines paused")
+        consumed = metric(node, "hakafka_consumed_rows_total")
+        for _ in range(5):  # sampled through the 30 s outage
+            time.sleep(6)
+            assert metric(node, "hakafka_backpressure") == 2
+            # A paused pipeline holds its refused batch: not one row more is read.
+            assert metric(node, "hakafka_consumed_rows_total") == consumed
+            held = samples(node, "hakafka_buffer_bytes")
+            assert len(held) == 2 and all(0 < b <= limit for b in held.values()), held
     finally:
         clickhouse.start()
     client = clickhouse.client(database=ch_client.database)
@@ -242,3 +345,35 @@ def test_pipeline_failed_in_recovery_restarts_once_clickhouse_is_back(
     wait_for(lambda: count(client, "events") >= 3_000, 120, "the rows produced before")
     time.sleep(2)
     assert_exactly_once(client, "events", produced.good)
+
+
+def test_a_follower_forwards_http_queries_to_the_leaders_buffer(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    # Two nodes serve shard 0; nothing flushes, so its rows are only in the leader's buffer.
+    cluster = make_cluster({"n1": [0], "n2": [0]}, buffer={"min_rows": 1_000_000, "max_age": 300})
+    cluster.start()
+    leader = cluster.nodes[cluster.wait_leaders([0])[0]]
+    (follower,) = (n for n in cluster.nodes.values() if n is not leader)
+    produced = produce(stack.kafka, topic, 4_000)
+    held = {(p, o) for p, o in produced.good if p % 2 == 0}  # shard 0 owns the even partitions
+    wait_for(
+        lambda: sum(p["buffer_rows"] for p in leader.pipelines()) == len(held),
+        120,
+        "the leader's buffer to hold shard 0's rows",
+    )
+    assert count(ch_client, "events") == 0
+
+    got = remote_query(follower.url, "SELECT _partition, _offset FROM events")
+    pairs = list(zip(got["_partition"].to_pylist(), got["_offset"].to_pylist(), strict=True))
+    assert len(pairs) == len(held) and set(pairs) == held
+    sql = quote("SELECT count(*) AS n FROM events")
+    code, body = follower.get(f"/query?sql={sql}&format=json")
+    assert code == 200, body
+    assert json.loads(body)["rows"] == [{"n": len(held)}]
+    # Shard 1 is served by no node: the follower says so instead of answering from nothing.
+    code, body = follower.get(f"/query?sql={sql}&shard=1")
+    assert code == 502, body
+    assert "shard 1 has no leader right now" in json.loads(body)["message"]
