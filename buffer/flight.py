@@ -9,7 +9,7 @@ import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
 from buffer.snapshot import Snapshot
-from buffer.sql import QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
+from buffer.sql import Forward, QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
 
 
 class _BearerFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
@@ -39,7 +39,9 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     ``do_get``: the ticket is UTF-8 SQL; the result streams as Arrow. Errors: bad SQL and
     row limit -> invalid argument (the client raises ``pyarrow.ArrowInvalid`` with the
     engine's message first), refused -> unauthorized, timeout -> timed out; a wrong or
-    missing token when ``token`` is set -> unauthenticated.
+    missing token when ``token`` is set -> unauthenticated. ``forward`` may answer a query
+    elsewhere first (with no parameters: a ticket is only SQL); if it fails, the client gets
+    an unavailable error naming why.
     It serves from construction until ``shutdown()``. Do not call ``serve()`` in a process
     that handles signals: it only waits, and while it waits Arrow's own SIGINT/SIGTERM
     handler replaces the process's; with a second Flight server in the process (a flush
@@ -47,11 +49,17 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     """
 
     def __init__(
-        self, engine: SqlEngine, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+        self,
+        engine: SqlEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        forward: Forward | None = None,
     ) -> None:
         super().__init__(f"grpc://{host}:{port}", middleware={"auth": _BearerFactory(token)})
         self.engine = engine
         self.host = host
+        self._forward = forward
 
     @property
     def location(self) -> str:
@@ -59,8 +67,16 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         return f"grpc://{self.host}:{self.port}"
 
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
+        sql = ticket.ticket.decode()
         try:
-            table = self.engine.query(ticket.ticket.decode())
+            forwarded = self._forward(sql, {}) if self._forward is not None else None
+        except Exception as exc:  # the place it forwards to is unreachable or refused it
+            why = f"forward failed: {type(exc).__name__}: {exc}"
+            raise fl.FlightUnavailableError(why) from None
+        if forwarded is not None:
+            return fl.RecordBatchStream(forwarded)
+        try:
+            table = self.engine.query(sql)
         except QueryError as exc:
             _raise_flight_error(exc)
         return fl.RecordBatchStream(table)

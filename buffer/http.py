@@ -9,11 +9,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-import pyarrow as pa
-
 from buffer.auth import bearer_ok
 from buffer.formats import Format, choose_format, encode
-from buffer.sql import QueryError, SqlEngine
+from buffer.sql import Forward, QueryError, SqlEngine
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -27,11 +25,6 @@ class Route:
 
     handler: Callable[[], tuple[int, str, bytes]]
     public: bool = False
-
-
-Forward = Callable[[str, Mapping[str, str]], pa.Table | None]
-"""Given the SQL and the request parameters, run the query elsewhere and return its result,
-or return None to answer it here (e.g. a follower forwarding to the shard's leader)."""
 
 
 class _Handler(BaseHTTPRequestHandler):

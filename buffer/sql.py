@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import duckdb
@@ -32,6 +33,12 @@ _SANDBOX = {
     "autoload_known_extensions": False,
     "python_enable_replacements": False,  # no scans of the caller's Python variables
 }
+
+
+Forward = Callable[[str, Mapping[str, str]], pa.Table | None]
+"""Given the SQL and the request parameters, run the query elsewhere and return its result,
+or return None to answer it here (e.g. a follower forwarding to the shard's leader). The
+HTTP and Flight services call it before their own engine."""
 
 
 class QueryError(Exception):

@@ -153,7 +153,9 @@ class Daemon:
         token = config.server.token.value or None
         flight_ep, http_ep = config.server.flight, config.server.http
         with _listening("server.flight", str(flight_ep)):
-            self.flight = FlightQueryServer(self.engine, flight_ep.host, flight_ep.port, token)
+            self.flight = FlightQueryServer(
+                self.engine, flight_ep.host, flight_ep.port, token, forward=self._forward
+            )
         with _listening("server.http", str(http_ep)):
             self.http = HttpQueryServer(
                 self.engine,

@@ -278,3 +278,29 @@ def test_http_forward_answers_elsewhere(engine: SqlEngine) -> None:
         assert [s for _, s in seen] == ["1", None, "2"]
     finally:
         server.close()
+
+
+def test_flight_forward_answers_elsewhere(engine: SqlEngine) -> None:
+    answers: list[pa.Table | Exception | None] = [
+        pa.table({"answered_by": ["leader"]}),
+        None,
+        ConnectionError("leader unreachable"),
+    ]
+
+    def forward(sql: str, params: Mapping[str, str]) -> pa.Table | None:
+        assert params == {}  # a Flight ticket carries only the SQL
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    server = FlightQueryServer(engine, forward=forward)
+    try:
+        sql = "SELECT count(*) AS n FROM events"
+        assert query(server.location, sql).to_pylist() == [{"answered_by": "leader"}]
+        assert query(server.location, sql).to_pylist() == [{"n": 1500}]
+        with pytest.raises(QueryFailedError, match=r"forward failed: .*leader unreachable"):
+            query(server.location, sql)
+        assert answers == []
+    finally:
+        server.shutdown()

@@ -347,7 +347,7 @@ def test_pipeline_failed_in_recovery_restarts_once_clickhouse_is_back(
     assert_exactly_once(client, "events", produced.good)
 
 
-def test_a_follower_forwards_http_queries_to_the_leaders_buffer(
+def test_a_follower_forwards_http_and_flight_queries_to_the_leaders_buffer(
     make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
 ) -> None:
     topic = f"{topic_prefix}_events"
@@ -366,9 +366,11 @@ def test_a_follower_forwards_http_queries_to_the_leaders_buffer(
     )
     assert count(ch_client, "events") == 0
 
-    got = remote_query(follower.url, "SELECT _partition, _offset FROM events")
-    pairs = list(zip(got["_partition"].to_pylist(), got["_offset"].to_pylist(), strict=True))
-    assert len(pairs) == len(held) and set(pairs) == held
+    flight = f"grpc://127.0.0.1:{follower.flight_port}"
+    for url in (follower.url, flight):
+        got = remote_query(url, "SELECT _partition, _offset FROM events")
+        pairs = list(zip(got["_partition"].to_pylist(), got["_offset"].to_pylist(), strict=True))
+        assert len(pairs) == len(held) and set(pairs) == held, url
     sql = quote("SELECT count(*) AS n FROM events")
     code, body = follower.get(f"/query?sql={sql}&format=json")
     assert code == 200, body
