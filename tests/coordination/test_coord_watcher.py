@@ -102,14 +102,20 @@ def test_a_hand_over_and_another_shards_leader_are_not_flagged(
     assert watcher.found == []
 
 
-def test_two_processes_reporting_leadership_at_once_are_flagged(
-    one_leader_watchers: Callable[..., Any],
-) -> None:
+def watched_pair(one_leader_watchers: Callable[..., Any]) -> tuple[Any, FakeProcess, FakeProcess]:
+    """A watcher of two candidate processes, p1 already leading."""
     watcher = one_leader_watchers(grace_s=0.2)
     p1, p2 = FakeProcess("p1"), FakeProcess("p2")
     watcher.add_process(p1)
     watcher.add_process(p2)
     p1.report("became_leader", token=1)
+    return watcher, p1, p2
+
+
+def test_two_processes_reporting_leadership_at_once_are_flagged(
+    one_leader_watchers: Callable[..., Any],
+) -> None:
+    watcher, _p1, p2 = watched_pair(one_leader_watchers)
     p2.report("became_leader", token=2)  # p1 never reported losing it
     wait_until(lambda: bool(watcher.found), timeout=5, what="the watcher flagging p1 and p2")
     found = watcher.found[0]
@@ -144,11 +150,7 @@ def test_processes_handing_over_killed_or_fenced_are_not_flagged(
 def test_a_thawed_leader_nobody_superseded_still_counts(
     one_leader_watchers: Callable[..., Any],
 ) -> None:
-    watcher = one_leader_watchers(grace_s=0.2)
-    p1, p2 = FakeProcess("p1"), FakeProcess("p2")
-    watcher.add_process(p1)
-    watcher.add_process(p2)
-    p1.report("became_leader", token=1)
+    watcher, p1, p2 = watched_pair(one_leader_watchers)
     watcher.signal(p1, signal.SIGSTOP)
     thawed = watcher.signal(p1, signal.SIGCONT)
     p2.report("became_leader", token=2)  # while p1 still leads: a real double leader
