@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -36,7 +37,10 @@ def test_two_clients_elect_exactly_one_leader(zookeeper: ZooKeeperEnsemble, zk_r
         for t in threads:
             t.start()
         assert elected.wait(10), "no leader elected within 10 s"
-        contenders = elections[0].contenders()
+        # The first may win before the second has queued up: wait (bounded) for both.
+        deadline = time.monotonic() + 10
+        while len(contenders := elections[0].contenders()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert sorted(contenders) == ["n0", "n1"]
         assert leaders == [contenders[0]], "exactly the first contender leads"
         # The leader resigns: the other one takes over, never both at once.
