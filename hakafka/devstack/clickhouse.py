@@ -79,11 +79,7 @@ class ClickHouseService:
         )
         process.start()
         self._process = process
-        try:
-            process.wait_ready(self.healthy, timeout=timeout)
-        except DevstackError:
-            process.stop()
-            raise
+        process.wait_ready(self.healthy, timeout=timeout)
 
     def _check_port(self) -> None:
         """Refuse a port someone listens on; sockets only in TIME_WAIT do not count."""

@@ -83,11 +83,8 @@ class KafkaBroker:
         return self.process.pid if self.process is not None else None
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start the broker (creating the S3 bucket first if needed) and wait for metadata.
-
-        If the broker does not answer within `timeout` s its process is stopped by PID
-        before the `DevstackError` propagates.
-        """
+        """Start the broker (creating the S3 bucket first if needed) and wait for metadata;
+        one that does not answer within `timeout` s is stopped (`ManagedProcess.wait_ready`)."""
         ensure_port_free(self.port, what="tansu broker")
         binary = tansu_binary()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -96,7 +93,7 @@ class KafkaBroker:
             self.s3.ensure_bucket(self.bucket)
             env.update(self.s3.client_env())
         listener = f"tcp://{self.bootstrap}"
-        process = ManagedProcess(
+        self.process = ManagedProcess(
             name="tansu broker",
             argv=[
                 binary,
@@ -114,13 +111,8 @@ class KafkaBroker:
             marker=listener,
             env=env,
         )
-        self.process = process
-        process.start()
-        try:
-            process.wait_ready(lambda: broker_healthy(self.bootstrap), timeout=timeout)
-        except BaseException:
-            process.stop()
-            raise
+        self.process.start()
+        self.process.wait_ready(lambda: broker_healthy(self.bootstrap), timeout=timeout)
 
     def healthy(self) -> bool:
         try:

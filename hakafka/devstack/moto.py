@@ -43,23 +43,18 @@ class MotoS3:
         }
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start the server and wait until it answers; if it does not within `timeout` s its
-        process is stopped by PID before the `DevstackError` propagates."""
+        """Start the server and wait until it answers; one that does not within `timeout` s
+        is stopped (`ManagedProcess.wait_ready`)."""
         ensure_port_free(self.port, what="moto S3 server")
         self.root.mkdir(parents=True, exist_ok=True)
-        process = ManagedProcess(
+        self.process = ManagedProcess(
             name="moto S3 server",
             argv=[sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
             log_path=self.root / "moto.log",
             marker="moto.server",
         )
-        self.process = process
-        process.start()
-        try:
-            process.wait_ready(self.healthy, timeout=timeout)
-        except BaseException:
-            process.stop()
-            raise
+        self.process.start()
+        self.process.wait_ready(self.healthy, timeout=timeout)
 
     def healthy(self) -> bool:
         try:

@@ -189,8 +189,18 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def wait_ready(self, check: Callable[[], bool], *, timeout: float) -> None:
-        """Wait until `check()` passes; fail early with the log tail if the process exits."""
+        """Wait until `check()` passes; fail early with the log tail if the process exits.
 
+        A process that does not become ready (timeout, exit, interrupt) is stopped by PID
+        before the error propagates: a failed start leaves nothing running.
+        """
+        try:
+            self._wait_ready(check, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, check: Callable[[], bool], timeout: float) -> None:
         def ready() -> bool:
             code = self.exited_with()
             if code is not None:

@@ -253,13 +253,8 @@ class ZooKeeperEnsemble:
         """Start a stopped member again on its ports and data and wait until it serves;
         if it does not serve within `timeout` s it is stopped again and the error raised."""
         member = self.member(myid)
-        try:
-            self._spawn(member)
-            self._wait_serving(member, timeout)
-        except BaseException:
-            if member.process is not None:
-                member.process.stop()
-            raise
+        self._spawn(member)
+        self._wait_serving(member, timeout)
 
     @staticmethod
     def _wait_serving(member: ZooKeeperMember, timeout: float) -> None:
