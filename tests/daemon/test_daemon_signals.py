@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,20 +13,13 @@ from kazoo.client import KazooClient
 
 from hakafka.daemon import SHUTDOWN_BOUND_S
 from hakafka.devstack.cluster import StackEndpoints
+from hakafka.devstack.process import wait_until
 from hakafka.devstack.records import create_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 SHARD = 0
 PARTITIONS = 4  # shard 0 of 2 owns partitions 0 and 2
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def log_text(path: Path, offset: int = 0) -> str:
@@ -59,19 +51,27 @@ def test_sighup_reopens_the_log_sigint_stops_cleanly_second_sigterm_exits_at_onc
     cluster.wait_leaders([SHARD])
     produce(stack.kafka, topic, 1_000, partitions=PARTITIONS)
     # The first flush waits for Spark to start: slow on a busy machine.
-    wait_for(lambda: events(log_text(log_file), "flush.committed") >= 1, 180, "a first flush")
+    wait_until(
+        lambda: events(log_text(log_file), "flush.committed") >= 1,
+        timeout=180,
+        what="a first flush",
+    )
 
     # logrotate moves the file, then SIGHUP: later events go to a new file at the old path.
     rotated = log_file.with_name(log_file.name + ".1")
     log_file.rename(rotated)
     node.kill(signal.SIGHUP)
-    wait_for(
-        lambda: events(log_text(log_file), "daemon.logs_reopened") == 1, 10, "the reopened log"
+    wait_until(
+        lambda: events(log_text(log_file), "daemon.logs_reopened") == 1,
+        timeout=10,
+        what="the reopened log",
     )
     rotated_size = rotated.stat().st_size
     produce(stack.kafka, topic, 1_000, partitions=PARTITIONS, start=1_000)
-    wait_for(
-        lambda: events(log_text(log_file), "flush.committed") >= 1, 120, "a flush in the new log"
+    wait_until(
+        lambda: events(log_text(log_file), "flush.committed") >= 1,
+        timeout=120,
+        what="a flush in the new log",
     )
     assert node.alive()
     assert rotated.stat().st_size == rotated_size, "nothing written to the moved file"
@@ -106,13 +106,17 @@ def test_sighup_reopens_the_log_sigint_stops_cleanly_second_sigterm_exits_at_onc
     node.wait_up()
     cluster.wait_leaders([SHARD])
     produce(stack.kafka, topic, 1_000, partitions=PARTITIONS, start=2_000)
-    wait_for(
+    wait_until(
         lambda: events(log_text(log_file, offset), "fenced.pending_written") == 1,
-        180,
-        "a flush in flight",
+        timeout=180,
+        what="a flush in flight",
     )
     node.kill(signal.SIGTERM)
-    wait_for(lambda: events(log_text(log_file, offset), "daemon.stopping") == 1, 10, "stopping")
+    wait_until(
+        lambda: events(log_text(log_file, offset), "daemon.stopping") == 1,
+        timeout=10,
+        what="stopping",
+    )
     time.sleep(2.0)
     assert node.alive(), "the first shutdown waits for the flush in flight"
     sent = time.monotonic()
