@@ -523,7 +523,6 @@ class PipelineLeader:
     # -- flush thread --------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
-        self._beat()
         try:
             while not self._stop.is_set():
                 self._beat()
