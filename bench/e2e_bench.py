@@ -13,7 +13,8 @@
 4. Failover: time from an ops failover request, and from a SIGKILL of the leader, until the
    new leader consumes (its `leader` znode says so), next to the session timeout.
 5. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
-   and the rows it replayed.
+   and the rows it replayed. The fill of that WAL is an ingest with no flush running; where
+   its CPU went (daemon threads, broker, machine) is read from /proc (cpu_use.py).
 6. Memory: the daemon's peak RSS (VmHWM) against its configured buffer limit.
 7. Sustained: a producer in its own process writes SUSTAIN_RATE rows/s for SUSTAIN_SECONDS;
    the daemon's ingest and end-to-end rates after the first minute, its RSS sampled every
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from cpu_use import CpuMeter, CpuUse, children
 
 from buffer.client import query
 from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
@@ -236,6 +238,47 @@ def memory_mib(pid: int, field: str = "VmHWM") -> float:
     return 0.0
 
 
+def cpu_meter(node: Any, stack_pids: dict[str, int]) -> CpuMeter:
+    """A meter of the node's daemon, its Spark JVM (a child, if running) and the stack."""
+    daemon = node.pid
+    assert daemon is not None
+    pids = {"daemon": daemon}
+    for child in children(daemon):
+        if "java" in Path(f"/proc/{child}/cmdline").read_text():
+            pids["its Spark JVM"] = child
+    return CpuMeter({**pids, **stack_pids})
+
+
+def cpu_rows(cpu: CpuUse) -> list[tuple[str, ...]]:
+    """Table rows saying where the cores went: the daemon by thread, the other processes, and
+    the rest of the machine (kernel, Spark's Python workers, ZooKeeper, this bench)."""
+    daemon = cpu.processes["daemon"]
+    two = " + ".join(f"{c:.2f}" for c in daemon.busiest[:2])
+    rows: list[tuple[str, ...]] = [
+        (
+            "  CPU: daemon",
+            f"{daemon.cores:.2f} cores",
+            f"2 busiest threads {two}",
+            f"librdkafka {daemon.rdkafka:.2f}",
+        )
+    ]
+    rows += [
+        (f"  CPU: {name}", f"{use.cores:.2f} cores", "", "")
+        for name, use in cpu.processes.items()
+        if name != "daemon"
+    ]
+    rest = cpu.busy - sum(use.cores for use in cpu.processes.values())
+    rows.append(
+        (
+            "  CPU: machine",
+            f"{cpu.busy:.2f} of {cpu.cores} busy",
+            f"{max(rest, 0):.2f} elsewhere",
+            f"stolen {cpu.steal:.2f}",
+        )
+    )
+    return rows
+
+
 def make_cluster(
     root: Path,
     stack: StackEndpoints,
@@ -354,7 +397,12 @@ def ingest(
 
 
 def catchup(
-    root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
+    root: Path,
+    stack: StackEndpoints,
+    ch: ClickHouseService,
+    rows: list[tuple[str, ...]],
+    *,
+    stack_pids: dict[str, int],
 ) -> None:
     """The daemon's own ingest rate: a backlog produced before it starts (no producer competes
     for the cores), Spark up before it stands for election; timed from its first consumed
@@ -373,8 +421,11 @@ def catchup(
     try:
         cluster.start()
         began, before = first_batch(node)
+        meter = cpu_meter(node, stack_pids)
+        meter.start()
         wait(lambda: consumed(node) >= CATCHUP_BACKLOG, 600, "the backlog in the buffer", 0.1)
         buffered = time.perf_counter() - began
+        cpu = meter.stop()
         wait(
             lambda: ch_count(ch, database) >= CATCHUP_BACKLOG,
             900,
@@ -409,6 +460,7 @@ def catchup(
             "",
         )
     )
+    rows += cpu_rows(cpu)
 
 
 def paced_producer(bootstrap: str, topic: str, rate: int, seconds: float, sent: Any) -> None:
@@ -652,7 +704,12 @@ def failover(
 
 
 def restart(
-    root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
+    root: Path,
+    stack: StackEndpoints,
+    ch: ClickHouseService,
+    rows: list[tuple[str, ...]],
+    *,
+    stack_pids: dict[str, int],
 ) -> None:
     count = WAL_MIB * MIB // 210  # WAL bytes per row: the Arrow IPC of a decoded ~200 B message
     cluster, topic, _ = make_cluster(
@@ -671,18 +728,28 @@ def restart(
             "max_age": 600,
             "limit_bytes": 4 << 30,
         },
+        # The fill times ingest alone: Spark is up before the daemon leads, not starting
+        # beside the consumer (a JVM start takes most of a core for ~20 s here).
+        spark_on_followers=True,
     )
     size = produce_backlog(stack.kafka, topic, count)
     node = cluster.nodes["n1"]
     try:
         cluster.start()
         began, before = first_batch(node)
+        meter = cpu_meter(node, stack_pids)
+        meter.start()
         wait(lambda: consumed(node) >= count, 300, "the WAL to fill", 0.1)
         filled = time.perf_counter() - began
+        cpu = meter.stop()
         wal_bytes = metric(node, "hakafka_wal_bytes_total")
         if metric(node, "hakafka_flushes_total"):
             raise RuntimeError("a block was flushed before the kill: the restart would re-flush")
         node.kill(signal.SIGKILL)
+        # The restart is timed as a new leader's: its Spark starts beside the replay, as it
+        # does by default, instead of before it.
+        config = node.config_path.read_text()
+        node.config_path.write_text(config.replace("on_followers = true", "on_followers = false"))
         began = time.perf_counter()
         node.start()
         wait(lambda: set(node.leads()) == {0, 1}, 300, "consuming after restart", 0.05)
@@ -701,6 +768,7 @@ def restart(
             raw / count,
         )
     )
+    rows += cpu_rows(cpu)
     rows.append(
         (
             f"restart over a {wal_bytes / MIB:,.0f} MiB WAL -> consuming",
@@ -729,15 +797,18 @@ def main() -> int:
         for service in (zk, broker, ch):
             service.start()
         stack = StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}")
+        stack_pids = {
+            name: pid for name, pid in (("broker", broker.pid), ("ClickHouse", ch.pid)) if pid
+        }
         steps: dict[str, Callable[..., None]] = {
             "ingest": ingest,
-            "catchup": catchup,
+            "catchup": functools.partial(catchup, stack_pids=stack_pids),
             "sustained": functools.partial(
                 sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
             ),
             "latency": latency,
             "failover": failover,
-            "restart": restart,
+            "restart": functools.partial(restart, stack_pids=stack_pids),
         }
         for name in args.steps.split(","):
             print(f"... {name}", file=sys.stderr, flush=True)
