@@ -50,7 +50,7 @@ bench: install
 	$(PY) bench/run_all.py
 
 chaos: install
-	$(PY) -m pytest tests/chaos -m chaos --chaos-long $(PYTEST_ARGS)
+	$(PY) -m pytest tests/chaos -m chaos --chaos-long -s $(PYTEST_ARGS)
 
 clean:
 	-[ -f .devstack/stack.json ] && $(PY) -m hakafka.cli dev down
