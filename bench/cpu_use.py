@@ -15,7 +15,7 @@ from pathlib import Path
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
-def _ticks(stat: str) -> tuple[str, int]:
+def stat_ticks(stat: str) -> tuple[str, int]:
     """(comm, utime + stime) of one /proc/…/stat line (comm may hold spaces)."""
     comm = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2 :].split()
@@ -40,7 +40,7 @@ def _threads(pid: int) -> dict[int, tuple[str, int]]:
         return out
     for tid in tids:
         try:
-            out[int(tid)] = _ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+            out[int(tid)] = stat_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended between the listing and the read
     return out
