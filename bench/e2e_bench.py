@@ -6,15 +6,17 @@
    batch -> buffer) and into ClickHouse (-> Spark -> ClickHouse, checkpointed), next to a raw
    librdkafka consume of the same messages from the same broker (and the producer's rate).
 2. Catch-up: the same, but the backlog is produced before the daemon starts (its Spark
-   session already up), so nothing competes with it for the cores: the daemon's own ingest
-   and end-to-end rates, next to a raw consume of the same backlog.
+   session already up), so no producer competes with it for the cores: the daemon's own
+   ingest and end-to-end rates, next to a raw consume of the same backlog, and where the CPU
+   went meanwhile (read from /proc by cpu_use.py: the daemon by thread, its Spark JVM, the
+   broker, ClickHouse, the rest of the machine and what the hypervisor stole).
 3. Latency: single timestamped messages produced at a low rate; time until each is
    queryable in the leader's buffer (Flight) and until it is counted in ClickHouse.
 4. Failover: time from an ops failover request, and from a SIGKILL of the leader, until the
    new leader consumes (its `leader` znode says so), next to the session timeout.
 5. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
-   and the rows it replayed. The fill of that WAL is an ingest with no flush running; where
-   its CPU went (daemon threads, broker, machine) is read from /proc (cpu_use.py).
+   and the rows it replayed. The fill of that WAL, with Spark started first and idle, is
+   ingest with no flush running; its CPU rows are read as in the catch-up.
 6. Memory: the daemon's peak RSS (VmHWM) against its configured buffer limit.
 7. Sustained: a producer in its own process writes SUSTAIN_RATE rows/s for SUSTAIN_SECONDS;
    the daemon's ingest and end-to-end rates after the first minute, its RSS sampled every
