@@ -115,6 +115,18 @@ def pid_cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def processes_under(root: Path) -> dict[int, str]:
+    """PID -> command line (arguments joined by spaces) of every live process whose command
+    line mentions `root`: what a stack or a test under `root` started and left running."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and pid_alive(int(entry)):
+            cmdline = " ".join(pid_cmdline(int(entry)))
+            if str(root) in cmdline:
+                found[int(entry)] = cmdline
+    return found
+
+
 def stop_pid(pid: int, *, marker: str, timeout: float = 10.0) -> bool:
     """Stop `pid` (SIGTERM, then SIGKILL after `timeout` s) if its command line contains `marker`.
 

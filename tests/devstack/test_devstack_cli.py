@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hakafka.devstack.process import DevstackError, pid_alive, pid_cmdline, stop_pid
+from hakafka.devstack.process import DevstackError, pid_alive, processes_under, stop_pid
 from hakafka.devstack.stack import DevStack
 
 pytestmark = pytest.mark.integration
@@ -30,19 +30,6 @@ def hakafka(
         env=env,
         check=False,
     )
-
-
-def processes_under(root: Path) -> list[int]:
-    """PIDs whose command line mentions `root` (what a stack under `root` would start)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if (
-            entry.isdigit()
-            and pid_alive(int(entry))
-            and str(root) in " ".join(pid_cmdline(int(entry)))
-        ):
-            pids.append(int(entry))
-    return pids
 
 
 @pytest.fixture

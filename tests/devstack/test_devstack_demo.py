@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hakafka.devstack.process import pid_alive, pid_cmdline, stop_pid
+from hakafka.devstack.process import pid_alive, pid_cmdline, processes_under, stop_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -44,17 +44,6 @@ def processes_tagged(tag: str) -> dict[int, str]:
             continue
         if needle in environ and pid_alive(int(entry)):
             found[int(entry)] = " ".join(pid_cmdline(int(entry)))
-    return found
-
-
-def processes_under(root: Path) -> dict[int, str]:
-    """PID -> command line of every live process whose command line mentions `root`."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and pid_alive(int(entry)):
-            cmdline = " ".join(pid_cmdline(int(entry)))
-            if str(root) in cmdline:
-                found[int(entry)] = cmdline
     return found
 
 
