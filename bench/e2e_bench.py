@@ -50,6 +50,7 @@ from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
 from hakafka.devstack.clickhouse import ClickHouseService
 from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from hakafka.devstack.kafka import KafkaBroker
+from hakafka.devstack.process import pid_cmdline
 from hakafka.devstack.records import create_topic
 from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.logs import configure as configure_logs
@@ -246,7 +247,7 @@ def cpu_meter(node: Any, stack_pids: dict[str, int]) -> CpuMeter:
     assert daemon is not None
     pids = {"daemon": daemon}
     for child in children(daemon):
-        if "java" in Path(f"/proc/{child}/cmdline").read_text():
+        if "java" in " ".join(pid_cmdline(child)):
             pids["its Spark JVM"] = child
     return CpuMeter({**pids, **stack_pids})
 
@@ -751,6 +752,8 @@ def restart(
         # The restart is timed as a new leader's: its Spark starts beside the replay, as it
         # does by default, instead of before it.
         config = node.config_path.read_text()
+        if "on_followers = true" not in config:
+            raise RuntimeError(f"{node.config_path} has no `on_followers = true` to turn off")
         node.config_path.write_text(config.replace("on_followers = true", "on_followers = false"))
         began = time.perf_counter()
         node.start()
