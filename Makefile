@@ -44,7 +44,7 @@ pytest: install
 test: install check pytest
 
 demo: install
-	$(PY) -m hakafka.devstack.demo
+	$(PY) -m devstack.demo
 
 bench: install
 	$(PY) bench/run_all.py
@@ -53,5 +53,5 @@ chaos: install
 	$(PY) -m pytest tests/chaos -m chaos --chaos-long -s $(PYTEST_ARGS)
 
 clean:
-	-[ -f .devstack/stack.json ] && $(PY) -m hakafka.cli dev down
+	-[ -f .devstack/stack.json ] && $(PY) -m devstack down
 	rm -rf .devstack build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

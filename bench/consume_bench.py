@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from pairing import paired
 
+from devstack.kafka import KafkaBroker
 from hakafka.consumer import (
     JsonDecoder,
     MessageColumns,
@@ -37,7 +38,6 @@ from hakafka.consumer import (
     make_decoder,
 )
 from hakafka.consumer.partition_consumer import DEFAULT_TUNING
-from hakafka.devstack.kafka import KafkaBroker
 
 MESSAGES = 500_000
 PARTITIONS = 8

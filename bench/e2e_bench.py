@@ -46,13 +46,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from cpu_use import CpuMeter, CpuUse, children
 
 from buffer.client import query
+from devstack.clickhouse import ClickHouseService
+from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from devstack.kafka import KafkaBroker
+from devstack.process import pid_cmdline
+from devstack.records import create_topic
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
-from hakafka.devstack.kafka import KafkaBroker
-from hakafka.devstack.process import pid_cmdline
-from hakafka.devstack.records import create_topic
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.logs import configure as configure_logs
 
 MIB = 1 << 20

@@ -27,6 +27,8 @@ from typing import Any
 import structlog
 from kazoo.client import KazooClient
 
+from devstack.process import wait_until
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import (
     BecameLeader,
     Coordinator,
@@ -36,8 +38,6 @@ from hakafka.coordination import (
     NodeInfo,
     ZkConfig,
 )
-from hakafka.devstack.process import wait_until
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 ROUNDS = 20
 SESSION_TIMEOUT_S = 2.0

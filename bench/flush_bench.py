@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from hakafka.devstack.clickhouse import ClickHouseService
+from devstack.clickhouse import ClickHouseService
 from hakafka.logs import configure as configure_logs
 from spark_bridge import (
     FlushTarget,

@@ -5,60 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from hakafka.config import DEFAULT_PATH, Config, ConfigError, load_config
-from hakafka.devstack.process import DevstackError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-DEFAULT_DEV_ROOT = Path(".devstack")
 FORMATS = ("table", "json", "csv", "arrow")
-
-
-def _dev_up(args: argparse.Namespace) -> int:
-    from hakafka.devstack.stack import DevStack
-
-    stack = DevStack(args.root)
-    began = time.monotonic()
-    records = stack.up(zk_members=args.zk_members)
-    for r in records:
-        print(f"{r.name:<11} pid {r.pid:<8} {r.endpoint}")
-    print(f"stack up in {time.monotonic() - began:.1f} s; endpoints in {stack.env_path}")
-    return EXIT_OK
-
-
-def _dev_down(args: argparse.Namespace) -> int:
-    from hakafka.devstack.stack import DevStack
-
-    stopped = DevStack(args.root).down()
-    for r in stopped:
-        print(f"stopped {r.name} (pid {r.pid})")
-    if not stopped:
-        print("nothing was running")
-    return EXIT_OK
-
-
-def _dev_status(args: argparse.Namespace) -> int:
-    from hakafka.devstack.stack import DevStack
-
-    statuses = DevStack(args.root).status()
-    if args.json:
-        print(json.dumps([asdict(s) for s in statuses], indent=2))
-    else:
-        if not statuses:
-            print(f"no stack recorded under {args.root}")
-        for s in statuses:
-            state = "healthy" if s.healthy else ("running, unhealthy" if s.running else "stopped")
-            print(f"{s.name:<11} pid {s.pid:<8} {s.endpoint:<28} {state}")
-    healthy = bool(statuses) and all(s.healthy for s in statuses)
-    return EXIT_OK if healthy else EXIT_FAILURE
 
 
 def clickhouse_type_problem(ch_type: str) -> str | None:
@@ -327,33 +285,6 @@ def build_parser() -> argparse.ArgumentParser:
     init.set_defaults(handler=_init)
     _add_ops_commands(commands)
 
-    dev = commands.add_parser(
-        "dev", help="the local development stack (ZooKeeper, Kafka, ClickHouse)"
-    )
-    dev_commands = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
-    for name, handler, text in (
-        ("up", _dev_up, "start the stack in the background and wait until it is healthy"),
-        ("down", _dev_down, "stop every process the last `up` started, by PID"),
-        (
-            "status",
-            _dev_status,
-            "show each service, its PID, endpoint and health (exit 1 if unhealthy)",
-        ),
-    ):
-        sub = dev_commands.add_parser(name, help=text, description=text)
-        sub.add_argument(
-            "--root",
-            type=Path,
-            default=DEFAULT_DEV_ROOT,
-            help="state directory (default: .devstack)",
-        )
-        sub.set_defaults(handler=handler)
-        if name == "up":
-            sub.add_argument(
-                "--zk-members", type=int, choices=(1, 3), default=1, help="ZooKeeper members"
-            )
-        if name == "status":
-            sub.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -391,7 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (
-        DevstackError,
         ConfigError,
         StartupError,
         OpsError,

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real local stack, started once per test session by hakafka.devstack.
+"""Shared fixtures: the real local stack, started once per test session by devstack.
 
 Services are session-scoped (ZooKeeper, the tansu broker, the ClickHouse HTTP front, Spark);
 every test gets its own namespace in each (a ZooKeeper chroot-like root, topic names, a
@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
-from hakafka.devstack.process import running
-from hakafka.devstack.records import EVENT_COLUMNS
+from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from devstack.process import running
+from devstack.records import EVENT_COLUMNS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
     from pyspark.sql import SparkSession
 
-    from hakafka.devstack.clickhouse import ClickHouseService
-    from hakafka.devstack.kafka import KafkaBroker
-    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+    from devstack.clickhouse import ClickHouseService
+    from devstack.kafka import KafkaBroker
+    from devstack.zookeeper import ZooKeeperEnsemble
 
 
 def _slug(request: pytest.FixtureRequest) -> str:
@@ -43,7 +43,7 @@ def stack_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def zookeeper(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
     """A standalone ZooKeeper server (one member)."""
-    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+    from devstack.zookeeper import ZooKeeperEnsemble
 
     with running(ZooKeeperEnsemble(stack_root / "zk1", members=1)) as zk:
         yield zk
@@ -52,7 +52,7 @@ def zookeeper(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
 @pytest.fixture(scope="session")
 def zookeeper_ensemble(stack_root: Path) -> Iterator[ZooKeeperEnsemble]:
     """A 3-member ZooKeeper ensemble, for quorum and member-failure tests."""
-    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+    from devstack.zookeeper import ZooKeeperEnsemble
 
     with running(ZooKeeperEnsemble(stack_root / "zk3", members=3)) as zk:
         yield zk
@@ -67,7 +67,7 @@ def zk_root(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def kafka(stack_root: Path) -> Iterator[KafkaBroker]:
     """The tansu broker on memory:// storage."""
-    from hakafka.devstack.kafka import KafkaBroker
+    from devstack.kafka import KafkaBroker
 
     with running(KafkaBroker(stack_root / "kafka")) as broker:
         yield broker
@@ -82,7 +82,7 @@ def topic_prefix(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def clickhouse(stack_root: Path) -> Iterator[ClickHouseService]:
     """chdb behind the ClickHouse HTTP interface, as a separate process."""
-    from hakafka.devstack.clickhouse import ClickHouseService
+    from devstack.clickhouse import ClickHouseService
 
     with running(ClickHouseService(stack_root / "clickhouse")) as ch:
         yield ch

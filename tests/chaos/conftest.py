@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.kafka import KafkaBroker
-from hakafka.devstack.moto import MotoS3
-from hakafka.devstack.process import running
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+from devstack.clickhouse import ClickHouseService
+from devstack.kafka import KafkaBroker
+from devstack.moto import MotoS3
+from devstack.process import running
+from devstack.zookeeper import ZooKeeperEnsemble
 
 LONG_OPTION = "--chaos-long"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hakafka.devstack.chaos import (
+from devstack.chaos import (
     Commit,
     LeaderObservation,
     commit_violations,

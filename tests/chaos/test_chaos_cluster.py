@@ -28,9 +28,7 @@ from typing import Any
 
 import pytest
 
-from hakafka.coordination import Coordinator, NodeInfo
-from hakafka.coordination.session import ZkConfig
-from hakafka.devstack.chaos import (
+from devstack.chaos import (
     SEED_ENV,
     ChaosDriver,
     ChaosTargets,
@@ -43,12 +41,14 @@ from hakafka.devstack.chaos import (
     repaired_corruption,
     verify_wals,
 )
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
-from hakafka.devstack.kafka import KafkaBroker
-from hakafka.devstack.process import DevstackError
-from hakafka.devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+from devstack.clickhouse import ClickHouseService
+from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from devstack.kafka import KafkaBroker
+from devstack.process import DevstackError
+from devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
+from devstack.zookeeper import ZooKeeperEnsemble
+from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.coordination.session import ZkConfig
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

@@ -21,6 +21,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.recipe.watchers import DataWatch
 
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import (
     BecameLeader,
     Coordinator,
@@ -32,7 +33,6 @@ from hakafka.coordination import (
     Suspended,
     ZkConfig,
 )
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 CANDIDATE = Path(__file__).with_name("coord_candidate.py")
 SESSION_TIMEOUT_S = 2.0

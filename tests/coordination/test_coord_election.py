@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from devstack.process import wait_until
 from hakafka.coordination import (
     Coordinator,
     FailoverRefused,
@@ -19,7 +20,6 @@ from hakafka.coordination import (
     LeadershipEvent,
     LeadershipState,
 )
-from hakafka.devstack.process import wait_until
 
 ELECT_TIMEOUT_S = 10.0
 

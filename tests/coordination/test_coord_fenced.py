@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from devstack.process import wait_until
 from hakafka.coordination import FencedError, PendingIntent
-from hakafka.devstack.process import wait_until
 
 
 def lead(coordinators: Any, node: str = "n1") -> Any:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from devstack.process import wait_until
 from hakafka.coordination import LeadershipState
-from hakafka.devstack.process import wait_until
 
 SESSION_TIMEOUT_S = 2.0
 

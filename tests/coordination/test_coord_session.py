@@ -13,6 +13,8 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
+from devstack.process import running, wait_until
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import (
     Coordinator,
     FencedError,
@@ -23,8 +25,6 @@ from hakafka.coordination import (
     ZkConfig,
     ZooKeeperUnavailableError,
 )
-from hakafka.devstack.process import running, wait_until
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 
 def expire_session(hosts: str, coordinator: Any) -> None:

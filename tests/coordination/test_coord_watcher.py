@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from devstack.process import wait_until
 from hakafka.coordination import FencedError
-from hakafka.devstack.process import wait_until
 
 STEP_S = 0.01  # between fake events, so their timestamps are ordered
 

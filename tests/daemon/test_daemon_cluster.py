@@ -13,10 +13,10 @@ from urllib.parse import quote
 import pytest
 
 from buffer.client import query as remote_query
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.cluster import StackEndpoints
-from hakafka.devstack.records import Produced, create_topic, tally
-from hakafka.devstack.records import produce as produce_records
+from devstack.clickhouse import ClickHouseService
+from devstack.cluster import StackEndpoints
+from devstack.records import Produced, create_topic, tally
+from devstack.records import produce as produce_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

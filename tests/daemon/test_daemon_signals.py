@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from devstack.cluster import StackEndpoints
+from devstack.process import wait_until
+from devstack.records import create_topic, produce
 from hakafka.daemon import SHUTDOWN_BOUND_S
-from hakafka.devstack.cluster import StackEndpoints
-from hakafka.devstack.process import wait_until
-from hakafka.devstack.records import create_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

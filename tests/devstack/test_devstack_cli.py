@@ -1,4 +1,4 @@
-"""`hakafka dev up|status|down` as a user runs it, and its one-line errors on bad setups."""
+"""`python -m devstack up|status|down` as a user runs it, and its one-line errors on bad setups."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from hakafka.devstack.process import DevstackError, pid_alive, processes_under, stop_pid
-from hakafka.devstack.stack import DevStack
+from devstack.process import DevstackError, pid_alive, processes_under, stop_pid
+from devstack.stack import DevStack
 
 pytestmark = pytest.mark.integration
 
 
-def hakafka(
+def devstack_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 90
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hakafka.cli", *args],
+        [sys.executable, "-m", "devstack", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -46,19 +46,19 @@ UP_TARGET_S = 20.0  # the issue's bound for `dev up` on a fresh machine
 def test_up_status_down_leaves_no_process(tmp_path: Path, reap: None) -> None:
     root = tmp_path / "stack"
     began = time.monotonic()
-    up = hakafka("dev", "up", "--root", str(root))
+    up = devstack_cli("up", "--root", str(root))
     took = time.monotonic() - began
-    print(f"`hakafka dev up` took {took:.1f} s (target < {UP_TARGET_S:.0f} s): {up.stdout}")
+    print(f"`python -m devstack up` took {took:.1f} s (target < {UP_TARGET_S:.0f} s): {up.stdout}")
     assert up.returncode == 0, up.stderr
     try:
         assert took < UP_TARGET_S, f"`dev up` took {took:.1f} s"
-        status = hakafka("dev", "status", "--root", str(root), "--json")
+        status = devstack_cli("status", "--root", str(root), "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         services = json.loads(status.stdout)
         assert sorted(s["name"] for s in services) == ["clickhouse", "kafka", "zookeeper"]
         assert all(s["healthy"] for s in services), services
         # What a user reads: one line per service with its PID, endpoint and "healthy".
-        plain = hakafka("dev", "status", "--root", str(root))
+        plain = devstack_cli("status", "--root", str(root))
         assert plain.returncode == 0, plain.stdout + plain.stderr
         lines = sorted(line.split() for line in plain.stdout.strip().splitlines())
         scheme = {
@@ -83,12 +83,12 @@ def test_up_status_down_leaves_no_process(tmp_path: Path, reap: None) -> None:
         pids = [s["pid"] for s in services]
         assert all(pid_alive(pid) for pid in pids)
     finally:
-        down = hakafka("dev", "down", "--root", str(root))
+        down = devstack_cli("down", "--root", str(root))
     assert down.returncode == 0, down.stderr
     assert down.stdout.count("stopped ") == 3
     assert not [pid for pid in pids if pid_alive(pid)], "a service outlived `dev down`"
     assert not processes_under(root), "a process under the stack root outlived `dev down`"
-    after = hakafka("dev", "status", "--root", str(root))
+    after = devstack_cli("status", "--root", str(root))
     assert after.returncode == 1
     assert "no stack recorded" in after.stdout
 
@@ -121,8 +121,8 @@ def test_up_stops_everything_when_the_broker_never_becomes_healthy(
 
 
 def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
-    from hakafka.devstack.process import DevstackError
-    from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+    from devstack.process import DevstackError
+    from devstack.zookeeper import ZooKeeperEnsemble
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -139,7 +139,7 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
     env = dict(os.environ, PATH=str(tmp_path / "empty-bin"))
-    result = hakafka("dev", "up", "--root", str(tmp_path / "stack"), env=env)
+    result = devstack_cli("up", "--root", str(tmp_path / "stack"), env=env)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -150,7 +150,7 @@ def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
 
 def test_missing_tansu_says_what_to_do(tmp_path: Path) -> None:
     env = dict(os.environ, CALF_TANSU_BIN=str(tmp_path / "no-such-tansu"))
-    result = hakafka("dev", "up", "--root", str(tmp_path / "stack"), env=env)
+    result = devstack_cli("up", "--root", str(tmp_path / "stack"), env=env)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

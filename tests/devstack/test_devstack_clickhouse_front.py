@@ -12,8 +12,8 @@ import pytest
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.process import DevstackError
+from devstack.clickhouse import ClickHouseService
+from devstack.process import DevstackError
 
 pytestmark = pytest.mark.integration
 

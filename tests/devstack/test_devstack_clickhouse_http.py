@@ -21,8 +21,8 @@ from backports import zstd
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.clickhouse_http import split_insert
+from devstack.clickhouse import ClickHouseService
+from devstack.clickhouse_http import split_insert
 
 Response = tuple[int, Mapping[str, str], bytes]
 

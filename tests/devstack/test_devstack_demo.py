@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hakafka.devstack.process import pid_alive, pid_cmdline, processes_under, stop_pid
+from devstack.process import pid_alive, pid_cmdline, processes_under, stop_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -56,7 +56,7 @@ def test_demo_runs_end_to_end_exactly_once(tmp_path: Path) -> None:
     began = time.monotonic()
     try:
         demo = subprocess.run(
-            [sys.executable, "-m", "hakafka.devstack.demo"],
+            [sys.executable, "-m", "devstack.demo"],
             capture_output=True,
             text=True,
             timeout=DEMO_TIMEOUT_S,

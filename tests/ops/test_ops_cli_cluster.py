@@ -12,8 +12,8 @@ import pytest
 from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from hakafka.devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
-from hakafka.devstack.records import create_topic, produce
+from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
+from devstack.records import create_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hakafka.devstack.cluster import StackEndpoints
-from hakafka.devstack.records import create_topic, produce
+from devstack.cluster import StackEndpoints
+from devstack.records import create_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

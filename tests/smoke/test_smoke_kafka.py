@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from hakafka.devstack.kafka import KafkaBroker
+from devstack.kafka import KafkaBroker
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from hakafka.devstack.clickhouse import ClickHouseService
+from devstack.clickhouse import ClickHouseService
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

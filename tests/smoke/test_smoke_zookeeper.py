@@ -8,7 +8,7 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
+from devstack.zookeeper import ZooKeeperEnsemble
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def test_two_clients_elect_exactly_one_leader(zookeeper: ZooKeeperEnsemble, zk_r
 
 
 def test_four_letter_words_enabled(zookeeper: ZooKeeperEnsemble) -> None:
-    from hakafka.devstack.zookeeper import four_letter_word
+    from devstack.zookeeper import four_letter_word
 
     port = zookeeper.members[0].client_port
     assert four_letter_word(port, "ruok") == "imok"

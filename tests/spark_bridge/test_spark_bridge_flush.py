@@ -16,7 +16,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from hakafka.devstack.clickhouse import ClickHouseService
+from devstack.clickhouse import ClickHouseService
 from spark_bridge import (
     FlushTarget,
     NoWritableReplicaError,

@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hakafka.devstack.process import (
+from devstack.process import (
     LOOPBACK,
     DevstackError,
     ManagedProcess,

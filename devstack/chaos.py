@@ -14,7 +14,7 @@ back anything still down. The seed comes from `CHAOS_SEED` when set, so a run ca
 session. `commit_violations` reads each daemon's JSON log for `fenced.checkpoint_committed`
 and says whether two nodes ever committed for the same shard and epoch or a shard's epochs
 went backwards; `verify_wals` runs `python -m wal verify` on every WAL directory.
-`python -m hakafka.devstack.chaos forward LHOST:LPORT=THOST:TPORT ...` is the TCP forwarder
+`python -m devstack.chaos forward LHOST:LPORT=THOST:TPORT ...` is the TCP forwarder
 that carries a namespaced daemon's traffic to the services on 127.0.0.1.
 
 WAL damage, as these checks define it: a torn tail (a record cut short by SIGKILL) is
@@ -45,14 +45,14 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from devstack.clickhouse import ClickHouseService
+from devstack.cluster import DaemonNode, LocalCluster
+from devstack.kafka import KafkaBroker
+from devstack.process import LOOPBACK, DevstackError, ManagedProcess, wait_until
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import paths
 from hakafka.coordination.coordinator import Coordinator
 from hakafka.coordination.errors import FailoverRefused
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.cluster import DaemonNode, LocalCluster
-from hakafka.devstack.kafka import KafkaBroker
-from hakafka.devstack.process import LOOPBACK, DevstackError, ManagedProcess, wait_until
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 SEED_ENV = "CHAOS_SEED"
 KINDS = (
@@ -364,7 +364,7 @@ class NetworkNamespace:
         for side, prefix, specs in (("root", [], outside), ("netns", self.exec_prefix, inside)):
             process = ManagedProcess(
                 name=f"chaos forwarder ({side} side of {self.name})",
-                argv=[*prefix, sys.executable, "-m", "hakafka.devstack.chaos", "forward", *specs],
+                argv=[*prefix, sys.executable, "-m", "devstack.chaos", "forward", *specs],
                 log_path=self.root / f"forward-{self.name}-{side}.log",
                 marker=f"forward {specs[0]}",
             )
@@ -793,5 +793,5 @@ def _config_shards(config_path: Path) -> list[int]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["forward"] or len(sys.argv) < 3:
-        sys.exit("usage: python -m hakafka.devstack.chaos forward LHOST:LPORT=THOST:TPORT ...")
+        sys.exit("usage: python -m devstack.chaos forward LHOST:LPORT=THOST:TPORT ...")
     forward_main(sys.argv[2:])

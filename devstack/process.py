@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 LOOPBACK = "127.0.0.1"
+# The checkout that holds this package (devstack runs from a checkout, never installed).
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 class Service(Protocol):
@@ -173,6 +175,11 @@ class ManagedProcess:
         env = dict(os.environ)
         if self.env:
             env.update(self.env)
+        # devstack is not installed (it is not in the wheel): its own modules started as
+        # processes (`-m devstack.…`) find it through the checkout it runs from.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(CHECKOUT), env.get("PYTHONPATH", "")) if p
+        )
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 list(self.argv),

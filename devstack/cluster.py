@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hakafka.devstack.process import LOOPBACK, ManagedProcess, free_port, wait_until
+from devstack.process import LOOPBACK, ManagedProcess, free_port, wait_until
 
 
 @dataclass(frozen=True)

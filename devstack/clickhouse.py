@@ -1,10 +1,10 @@
 """The local ClickHouse: chdb behind the ClickHouse HTTP interface, as a separate process.
 
-`ClickHouseService` starts ``python -m hakafka.devstack.clickhouse_http`` on a data path under
+`ClickHouseService` starts ``python -m devstack.clickhouse_http`` on a data path under
 its root, waits until ``GET /ping`` answers ``Ok.``, hands out clickhouse-connect HTTP clients
 and stops the process by its PID. Stopping and starting again on the same root and port keeps
 the data (chdb keeps it in the data path). The front's limits are listed in
-`hakafka.devstack.clickhouse_http`.
+`devstack.clickhouse_http`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hakafka.devstack.clickhouse_http import PASSWORD_ENV
-from hakafka.devstack.process import (
+from devstack.clickhouse_http import PASSWORD_ENV
+from devstack.process import (
     LOOPBACK,
     DevstackError,
     ManagedProcess,
@@ -29,7 +29,7 @@ from hakafka.devstack.process import (
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-SERVER_MODULE = "hakafka.devstack.clickhouse_http"
+SERVER_MODULE = "devstack.clickhouse_http"
 
 
 class ClickHouseService:

@@ -6,7 +6,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from hakafka.devstack.process import LOOPBACK, ManagedProcess, ensure_port_free, free_port
+from devstack.process import LOOPBACK, ManagedProcess, ensure_port_free, free_port
 
 REGION = "us-east-1"
 # moto accepts any credentials; these only have to be present and consistent.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hakafka.devstack.moto import MotoS3
-from hakafka.devstack.process import (
+from devstack.moto import MotoS3
+from devstack.process import (
     LOOPBACK,
     DevstackError,
     ManagedProcess,

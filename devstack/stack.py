@@ -1,4 +1,4 @@
-"""The whole local stack as one unit: `hakafka dev up|down|status`.
+"""The whole local stack as one unit: `python -m devstack up|down|status`.
 
 `up` starts ZooKeeper, the tansu broker and the ClickHouse front in the background, waits
 until each is healthy, and records what it started in `<root>/stack.json` (PIDs, command
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.kafka import KafkaBroker, broker_healthy
-from hakafka.devstack.process import DevstackError, pid_alive, pid_cmdline, stop_pid
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble, server_mode
+from devstack.clickhouse import ClickHouseService
+from devstack.kafka import KafkaBroker, broker_healthy
+from devstack.process import DevstackError, pid_alive, pid_cmdline, stop_pid
+from devstack.zookeeper import ZooKeeperEnsemble, server_mode
 
 STATE_FILE = "stack.json"
 ENV_FILE = "stack.env"
@@ -113,7 +113,8 @@ class DevStack:
             if len(running) == len(recorded):
                 return running
             raise DevstackError(
-                f"part of a stack still runs from {self.state_path}: run `hakafka dev down` first"
+                f"part of a stack still runs from {self.state_path}: "
+                "run `python -m devstack down` first"
             )
         self.root.mkdir(parents=True, exist_ok=True)
         zk = ZooKeeperEnsemble(self.root / "zookeeper", members=zk_members)

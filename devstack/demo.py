@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from buffer.client import query
+from devstack.clickhouse import ClickHouseService
+from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from devstack.kafka import KafkaBroker
+from devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
-from hakafka.devstack.clickhouse import ClickHouseService
-from hakafka.devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
-from hakafka.devstack.kafka import KafkaBroker
-from hakafka.devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
-from hakafka.devstack.zookeeper import ZooKeeperEnsemble
 
 TOPIC = "demo_events"
 PARTITIONS = 8

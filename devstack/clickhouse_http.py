@@ -1,6 +1,6 @@
 """The ClickHouse HTTP interface served by chdb (the ClickHouse 26 engine), as its own process.
 
-Run as ``python -m hakafka.devstack.clickhouse_http --port P --data DIR [--user U]`` (the
+Run as ``python -m devstack.clickhouse_http --port P --data DIR [--user U]`` (the
 password comes from the environment variable named by ``PASSWORD_ENV``, never from argv).
 The server promises what clickhouse-connect's HTTP client relies on:
 
@@ -218,7 +218,7 @@ _TEXT_CONTENT_TYPES = {
     "JSONEachRow": "application/x-ndjson; charset=UTF-8",
 }
 
-log = structlog.get_logger("hakafka.devstack.clickhouse_http")
+log = structlog.get_logger("devstack.clickhouse_http")
 
 
 class ClickHouseError(Exception):
