@@ -28,6 +28,7 @@ Run: .venv/bin/python bench/e2e_bench.py [--steps ingest,sustained,...]   (about
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing
@@ -38,16 +39,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, Producer, TopicPartition
 from cpu_use import CpuMeter, CpuUse, children
 
 from buffer.client import query
 from devstack.clickhouse import ClickHouseService
-from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
 from devstack.process import pid_cmdline
 from devstack.records import create_topic
@@ -87,6 +90,13 @@ COLUMNS = {
     "note": "String",
     "sent_ns": "Int64",
 }
+
+
+Row = tuple[str, ...]
+# The labels of the rows that every step timing the daemon's stages shares.
+RAW = "raw librdkafka consume (baseline)"
+INGEST = "ingest: Kafka -> WAL -> buffer"
+END_TO_END = "end to end: -> Spark -> ClickHouse"
 
 
 def message(i: int, sent_ns: int = 0) -> bytes:
@@ -176,7 +186,7 @@ def raw_consume(bootstrap: str, topic: str, count: int) -> float:
     return took
 
 
-def metric(node: Any, name: str) -> float:
+def metric(node: DaemonNode, name: str) -> float:
     code, body = node.get("/metrics")
     if code != 200:
         return 0.0
@@ -187,19 +197,11 @@ def metric(node: Any, name: str) -> float:
     )
 
 
-def consumed(node: Any) -> float:
+def consumed(node: DaemonNode) -> float:
     return metric(node, "hakafka_consumed_rows_total")
 
 
-def first_batch(node: Any) -> tuple[float, int]:
-    """Wait for the node's first consumed batch; the time then and the rows consumed by then."""
-    wait(lambda: consumed(node) > 0, 300, "the first consumed batch", 0.02)
-    return time.perf_counter(), int(consumed(node))
-
-
-def rate_row(
-    label: str, timed: int, mib: float, seconds: float, raw_per_row: float
-) -> tuple[str, ...]:
+def rate_row(label: str, timed: int, mib: float, seconds: float, raw_per_row: float) -> Row:
     """`timed` rows of `mib` MiB in `seconds`, with the raw consume time per row as the base."""
     return (
         label,
@@ -211,14 +213,6 @@ def rate_row(
 
 def scalar(client: Any, sql: str) -> int:
     return int(client.command(sql))
-
-
-def ch_count(ch: ClickHouseService, database: str) -> int:
-    client = ch.client(database=database)
-    try:
-        return scalar(client, "SELECT count() FROM events")
-    finally:
-        client.close()
 
 
 def in_buffer(flight: str, sql: str) -> bool:
@@ -241,7 +235,7 @@ def memory_mib(pid: int, field: str = "VmHWM") -> float:
     return 0.0
 
 
-def cpu_meter(node: Any, stack_pids: dict[str, int]) -> CpuMeter:
+def cpu_meter(node: DaemonNode, stack_pids: dict[str, int]) -> CpuMeter:
     """A meter of the node's daemon, its Spark JVM (a child, if running) and the stack."""
     daemon = node.pid
     assert daemon is not None
@@ -252,12 +246,12 @@ def cpu_meter(node: Any, stack_pids: dict[str, int]) -> CpuMeter:
     return CpuMeter({**pids, **stack_pids})
 
 
-def cpu_rows(cpu: CpuUse) -> list[tuple[str, ...]]:
+def cpu_rows(cpu: CpuUse) -> list[Row]:
     """Table rows saying where the cores went: the daemon by thread, the other processes, and
     the rest of the machine (kernel, Spark's Python workers, ZooKeeper, this bench)."""
     daemon = cpu.processes["daemon"]
     two = " + ".join(f"{c:.2f}" for c in daemon.busiest[:2])
-    rows: list[tuple[str, ...]] = [
+    rows: list[Row] = [
         (
             "  CPU: daemon",
             f"{daemon.cores:.2f} cores",
@@ -282,188 +276,196 @@ def cpu_rows(cpu: CpuUse) -> list[tuple[str, ...]]:
     return rows
 
 
-def make_cluster(
-    root: Path,
-    stack: StackEndpoints,
-    ch: ClickHouseService,
-    name: str,
-    *,
-    nodes: dict[str, list[int]],
-    buffer: dict[str, int | float],
-    spark_on_followers: bool = False,
-) -> tuple[LocalCluster, str, str]:
-    """Bench step `name`'s cluster (not started) under `root/name`, with a topic `e2e_<name>`
-    and a ClickHouse database `name` of its own (both created here); returns it with the
-    topic and the database."""
-    topic, database = f"e2e_{name}", name
-    create_topic(stack.kafka, topic, PARTITIONS)
-    ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
+@dataclass(frozen=True)
+class Bench:
+    """What every step shares: a folder for the steps' files, the stack's endpoints, its
+    ClickHouse, and its processes by name (the CPU meters read them next to the daemon)."""
+
+    root: Path
+    stack: StackEndpoints
+    ch: ClickHouseService
+    pids: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step's cluster differs in; `running` does the rest alike for every step."""
+
+    name: str  # of its folder, its topic `e2e_<name>` and its ClickHouse database
+    buffer: dict[str, int | float] = field(default_factory=lambda: INGEST_BUFFER)
+    nodes: dict[str, list[int]] = field(default_factory=lambda: {"n1": [0, 1]})
+    spark_on_followers: bool = False
+    backlog: int = 0  # messages produced before the daemons start
+    leaders: bool = True  # wait until both shards' leaders consume before the step's body
+
+
+@dataclass(frozen=True)
+class Fill:
+    """The node consuming a backlog, timed from its first consumed batch (what came before it
+    is startup, not ingest)."""
+
+    began: float  # perf_counter at the first consumed batch
+    rows: int  # the rows consumed after it: the ones timed
+    mib: float  # their share of the backlog's MiB
+    seconds: float
+    cpu: CpuUse  # over those seconds
+
+
+@dataclass
+class StepCluster:
+    """A step's cluster, its topic and ClickHouse database, and the bytes of the backlog
+    produced before it started (0 if none); `running` makes one."""
+
+    bench: Bench
+    cluster: LocalCluster
+    topic: str
+    database: str
+    backlog_bytes: int
+
+    @property
+    def node(self) -> DaemonNode:
+        """The daemon of every step but the failover: the one leading both shards."""
+        return self.cluster.nodes["n1"]
+
+    @property
+    def pid(self) -> int:
+        pid = self.node.pid
+        assert pid is not None
+        return pid
+
+    @functools.cached_property
+    def client(self) -> Client:
+        """A ClickHouse client of the step's database, kept for the whole step."""
+        return self.bench.ch.client(database=self.database)
+
+    def clickhouse_rows(self) -> int:
+        """The rows of the step's table in ClickHouse, read with a client of its own."""
+        client = self.bench.ch.client(database=self.database)
+        try:
+            return scalar(client, "SELECT count() FROM events")
+        finally:
+            client.close()
+
+    def warm_up(self, producer: Producer) -> None:
+        """Send one record (id -1) with `producer` all the way into ClickHouse: the first flush
+        of a leader waits for its Spark session, which no timed figure should."""
+        producer.produce(self.topic, value=message(-1), partition=0)
+        producer.flush(10)
+        wait(functools.partial(in_clickhouse, self.client, -1), 180, "the warm-up record", 0.1)
+
+    def until_consumed(self, count: int, began: float, timeout: float, what: str) -> float:
+        """Seconds from `began` (a perf_counter) until the node has consumed `count` rows."""
+        wait(lambda: consumed(self.node) >= count, timeout, what, 0.1)
+        return time.perf_counter() - began
+
+    def until_in_clickhouse(self, count: int, began: float) -> float:
+        """Seconds from `began` (a perf_counter) until ClickHouse holds `count` rows."""
+        wait(lambda: self.clickhouse_rows() >= count, 900, "the backlog in ClickHouse", 0.25)
+        return time.perf_counter() - began
+
+    def fill(self, count: int, timeout: float, what: str) -> Fill:
+        """The node consuming the first `count` messages of the backlog, with where the CPU
+        went meanwhile."""
+        wait(lambda: consumed(self.node) > 0, 300, "the first consumed batch", 0.02)
+        began, before = time.perf_counter(), int(consumed(self.node))
+        meter = cpu_meter(self.node, self.bench.pids)
+        meter.start()
+        seconds = self.until_consumed(count, began, timeout, what)
+        cpu = meter.stop()
+        timed = count - before
+        return Fill(began, timed, self.backlog_bytes / MIB * timed / count, seconds, cpu)
+
+    def baseline(self, count: int) -> float:
+        """Seconds for raw librdkafka to read `count` messages of the step's topic; call it
+        once the cluster has stopped, so that it has the cores to itself."""
+        return raw_consume(self.bench.stack.kafka, self.topic, count)
+
+
+@contextlib.contextmanager
+def running(bench: Bench, step: Step) -> Iterator[StepCluster]:
+    """The step's cluster under `root/<name>`, with a topic `e2e_<name>` and a ClickHouse
+    database `<name>` of its own (both created here), its backlog produced, started, and with
+    both shards' leaders consuming if `step.leaders`; stopped on leaving, however that is."""
+    topic, database = f"e2e_{step.name}", step.name
+    create_topic(bench.stack.kafka, topic, PARTITIONS)
+    bench.ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
     pipeline = PipelineSpec(
-        name="events", topic=topic, table="events", columns=COLUMNS, buffer=buffer
+        name="events", topic=topic, table="events", columns=COLUMNS, buffer=step.buffer
     )
     cluster = LocalCluster(
-        root / name,
-        stack,
-        nodes=nodes,
+        bench.root / step.name,
+        bench.stack,
+        nodes=step.nodes,
         shard_count=SHARDS,
         pipelines=[pipeline],
         zk_root=f"{ZK_ROOT}/{database}",
         database=database,
         session_timeout=SESSION_TIMEOUT,
         rows_per_task=500_000,
-        spark_on_followers=spark_on_followers,
+        spark_on_followers=step.spark_on_followers,
     )
-    return cluster, topic, database
-
-
-def ingest_cluster(
-    root: Path, stack: StackEndpoints, ch: ClickHouseService, name: str
-) -> tuple[LocalCluster, str, str]:
-    """One daemon leading both shards, buffering as INGEST_BUFFER says (see make_cluster)."""
-    return make_cluster(root, stack, ch, name, nodes={"n1": [0, 1]}, buffer=INGEST_BUFFER)
-
-
-def ingest(
-    root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
-) -> None:
-    limit = int(INGEST_BUFFER["limit_bytes"])
-    cluster, topic, database = ingest_cluster(root, stack, ch, "ingest")
-    node = cluster.nodes["n1"]
+    size = produce_backlog(bench.stack.kafka, topic, step.backlog) if step.backlog else 0
     try:
         cluster.start()
-        cluster.wait_leaders([0, 1])
-        # Warm up: one record all the way to ClickHouse (the leader's Spark session is up).
-        warm = Producer({"bootstrap.servers": stack.kafka})
-        warm.produce(topic, value=message(-1), partition=0)
-        warm.flush(10)
-        client = ch.client(database=database)
-        wait(functools.partial(in_clickhouse, client, -1), 180, "the warm-up record", 0.1)
-        # The clock starts with a sustained producer: the daemon consumes while it produces.
-        began = time.perf_counter()
-        size = produce_backlog(stack.kafka, topic, BACKLOG)
-        produced = time.perf_counter() - began
-        wait(
-            lambda: consumed(node) >= BACKLOG + 1,
-            600,
-            "the backlog in the buffer",
-            0.1,
-        )
-        buffered = time.perf_counter() - began
-        wait(lambda: ch_count(ch, database) >= BACKLOG + 1, 900, "the backlog in ClickHouse", 0.25)
-        flushed = time.perf_counter() - began
-        assert node.pid is not None
-        rss = memory_mib(node.pid)
+        if step.leaders:
+            cluster.wait_leaders([0, 1])
+        yield StepCluster(bench, cluster, topic, database, size)
     finally:
         cluster.stop()
-    raw = raw_consume(stack.kafka, topic, BACKLOG + 1)
-    mib = size / MIB
-    rows.append(
-        (
-            "sustained producer (this process)",
-            f"{BACKLOG / produced:,.0f} rows/s",
-            f"{mib / produced:.1f} MiB/s",
-            f"{raw / produced:.2f}",
-        )
-    )
-    rows.append(
-        (
-            "raw librdkafka consume (baseline)",
-            f"{BACKLOG / raw:,.0f} rows/s",
-            f"{mib / raw:.1f} MiB/s",
-            "1.00",
-        )
-    )
-    rows.append(
-        (
-            "ingest: Kafka -> WAL -> buffer",
-            f"{BACKLOG / buffered:,.0f} rows/s",
-            f"{mib / buffered:.1f} MiB/s",
-            f"{raw / buffered:.2f}",
-        )
-    )
-    rows.append(
-        (
-            "end to end: -> Spark -> ClickHouse",
-            f"{BACKLOG / flushed:,.0f} rows/s",
-            f"{mib / flushed:.1f} MiB/s",
-            f"{raw / flushed:.2f}",
-        )
-    )
-    rows.append(
+
+
+def ingest(bench: Bench) -> list[Row]:
+    """A sustained producer in this process while the daemon consumes (its Spark session up):
+    the rates into the buffer and into ClickHouse next to the producer's and a raw consume's,
+    and the daemon's peak RSS against its buffer limit."""
+    with running(bench, Step("ingest")) as step:
+        step.warm_up(Producer({"bootstrap.servers": bench.stack.kafka}))
+        # The clock starts with a sustained producer: the daemon consumes while it produces.
+        began = time.perf_counter()
+        size = produce_backlog(bench.stack.kafka, step.topic, BACKLOG)
+        produced = time.perf_counter() - began
+        buffered = step.until_consumed(BACKLOG + 1, began, 600, "the backlog in the buffer")
+        flushed = step.until_in_clickhouse(BACKLOG + 1, began)
+        rss = memory_mib(step.pid)
+    raw = step.baseline(BACKLOG + 1)
+    mib, per_row, limit = size / MIB, raw / BACKLOG, INGEST_BUFFER["limit_bytes"] / MIB
+    return [
+        rate_row("sustained producer (this process)", BACKLOG, mib, produced, per_row),
+        rate_row(RAW, BACKLOG, mib, raw, per_row),
+        rate_row(INGEST, BACKLOG, mib, buffered, per_row),
+        rate_row(END_TO_END, BACKLOG, mib, flushed, per_row),
         (
             "peak RSS of the daemon (VmHWM)",
             f"{rss:,.0f} MiB",
-            f"limit {limit / MIB:,.0f} MiB",
-            f"{rss / (limit / MIB):.2f}",
-        )
-    )
+            f"limit {limit:,.0f} MiB",
+            f"{rss / limit:.2f}",
+        ),
+    ]
 
 
-def catchup(
-    root: Path,
-    stack: StackEndpoints,
-    ch: ClickHouseService,
-    rows: list[tuple[str, ...]],
-    *,
-    stack_pids: dict[str, int],
-) -> None:
+def catchup(bench: Bench) -> list[Row]:
     """The daemon's own ingest rate: a backlog produced before it starts (no producer competes
     for the cores), Spark up before it stands for election; timed from its first consumed
     batch, next to a raw consume of the same backlog."""
-    cluster, topic, database = make_cluster(
-        root,
-        stack,
-        ch,
-        "catchup",
-        nodes={"n1": [0, 1]},
-        buffer=INGEST_BUFFER,
-        spark_on_followers=True,
-    )
-    size = produce_backlog(stack.kafka, topic, CATCHUP_BACKLOG)
-    node = cluster.nodes["n1"]
-    try:
-        cluster.start()
-        began, before = first_batch(node)
-        meter = cpu_meter(node, stack_pids)
-        meter.start()
-        wait(lambda: consumed(node) >= CATCHUP_BACKLOG, 600, "the backlog in the buffer", 0.1)
-        buffered = time.perf_counter() - began
-        cpu = meter.stop()
-        wait(
-            lambda: ch_count(ch, database) >= CATCHUP_BACKLOG,
-            900,
-            "the backlog in ClickHouse",
-            0.25,
-        )
-        flushed = time.perf_counter() - began
-    finally:
-        cluster.stop()
-    raw = raw_consume(stack.kafka, topic, CATCHUP_BACKLOG)
-    timed = CATCHUP_BACKLOG - before
-    mib = size / MIB * timed / CATCHUP_BACKLOG
-    rows.append((f"catch-up of {CATCHUP_BACKLOG:,} messages produced first:", "", "", ""))
-    rows.append(
-        (
-            "  raw librdkafka consume (baseline)",
-            f"{CATCHUP_BACKLOG / raw:,.0f} rows/s",
-            f"{size / MIB / raw:.1f} MiB/s",
-            "1.00",
-        )
-    )
-    for label, seconds in (
-        ("  ingest: Kafka -> WAL -> buffer", buffered),
-        ("  end to end: -> Spark -> ClickHouse", flushed),
-    ):
-        rows.append(rate_row(label, timed, mib, seconds, raw / CATCHUP_BACKLOG))
-    rows.append(
+    spec = Step("catchup", spark_on_followers=True, backlog=CATCHUP_BACKLOG, leaders=False)
+    with running(bench, spec) as step:
+        fill = step.fill(CATCHUP_BACKLOG, 600, "the backlog in the buffer")
+        flushed = step.until_in_clickhouse(CATCHUP_BACKLOG, fill.began)
+    raw = step.baseline(CATCHUP_BACKLOG)
+    per_row = raw / CATCHUP_BACKLOG
+    return [
+        (f"catch-up of {CATCHUP_BACKLOG:,} messages produced first:", "", "", ""),
+        rate_row(f"  {RAW}", CATCHUP_BACKLOG, step.backlog_bytes / MIB, raw, per_row),
+        rate_row(f"  {INGEST}", fill.rows, fill.mib, fill.seconds, per_row),
+        rate_row(f"  {END_TO_END}", fill.rows, fill.mib, flushed, per_row),
         (
             "  last row in ClickHouse after the last in the buffer",
-            f"{flushed - buffered:.1f} s",
+            f"{flushed - fill.seconds:.1f} s",
             f"max_age {INGEST_BUFFER['max_age']} s",
             "",
-        )
-    )
-    rows += cpu_rows(cpu)
+        ),
+        *cpu_rows(fill.cpu),
+    ]
 
 
 def paced_producer(bootstrap: str, topic: str, rate: int, seconds: float, sent: Any) -> None:
@@ -489,27 +491,18 @@ def paced_producer(bootstrap: str, topic: str, rate: int, seconds: float, sent: 
 
 
 def sustained(
-    root: Path,
-    stack: StackEndpoints,
-    ch: ClickHouseService,
-    rows: list[tuple[str, ...]],
-    *,
-    rate: int = SUSTAIN_RATE,
-    seconds: float = SUSTAIN_SECONDS,
-) -> None:
+    bench: Bench, *, rate: int = SUSTAIN_RATE, seconds: float = SUSTAIN_SECONDS
+) -> list[Row]:
     """A producer in another process at a fixed rate for `seconds`; the daemon's ingest and
     end-to-end rates over the run after its first minute, and its RSS sampled throughout."""
-    cluster, topic, database = ingest_cluster(root, stack, ch, "sustained")
-    node = cluster.nodes["n1"]
     spawn = multiprocessing.get_context("spawn")  # no librdkafka threads cross a fork
     sent = spawn.Value("q", 0)
     samples: list[tuple[float, int, float, int, float]] = []  # t, sent, consumed, in CH, RSS
-    try:
-        cluster.start()
-        cluster.wait_leaders([0, 1])
-        assert node.pid is not None
+    with running(bench, Step("sustained")) as step:
         producer = spawn.Process(
-            target=paced_producer, args=(stack.kafka, topic, rate, seconds, sent), daemon=True
+            target=paced_producer,
+            args=(bench.stack.kafka, step.topic, rate, seconds, sent),
+            daemon=True,
         )
         began = time.monotonic()
         producer.start()
@@ -518,9 +511,9 @@ def sustained(
                 (
                     time.monotonic() - began,
                     sent.value,
-                    consumed(node),
-                    ch_count(ch, database),
-                    memory_mib(node.pid, "VmRSS"),
+                    consumed(step.node),
+                    step.clickhouse_rows(),
+                    memory_mib(step.pid, "VmRSS"),
                 )
             )
             time.sleep(SAMPLE_EVERY)
@@ -529,10 +522,8 @@ def sustained(
             raise SystemExit(f"sustained producer failed (exit code {producer.exitcode})")
         total = sent.value
         drain_began = time.monotonic()
-        wait(lambda: ch_count(ch, database) >= total, 300, "the sustained rows in ClickHouse", 0.5)
+        wait(lambda: step.clickhouse_rows() >= total, 300, "the sustained rows in ClickHouse", 0.5)
         drained = time.monotonic() - drain_began
-    finally:
-        cluster.stop()
     # The window: from the end of the first minute (of the first quarter of a short run) to
     # the last sample before the producer ended.
     start = min(60.0, seconds / 4)
@@ -543,10 +534,11 @@ def sustained(
     span = last[0] - first[0]
     mib_per_row = len(message(0)) / MIB
     lag = max(s[1] - s[3] for s in window)
+    rows: list[Row] = []
     for what, index in (
         (f"sustained {seconds:.0f} s: producer (own process)", 1),
-        ("  ingest: Kafka -> WAL -> buffer", 2),
-        ("  end to end: -> Spark -> ClickHouse", 3),
+        (f"  {INGEST}", 2),
+        (f"  {END_TO_END}", 3),
     ):
         per_s = (last[index] - first[index]) / span
         rows.append(
@@ -566,42 +558,27 @@ def sustained(
             f"max lag {lag:,} rows, drain {drained:.1f} s",
         )
     )
+    return rows
 
 
-def latency(
-    root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
-) -> None:
-    cluster, topic, database = make_cluster(
-        root,
-        stack,
-        ch,
+def latency(bench: Bench) -> list[Row]:
+    """Single timestamped messages at a low rate: how long until each is queryable in the
+    leader's buffer (every one) and counted in ClickHouse (every tenth)."""
+    spec = Step(
         "latency",
-        nodes={"n1": [0, 1]},
         buffer={"min_rows": 1, "max_rows": 100_000, "min_bytes": 1, "min_age": 0.2, "max_age": 0.5},
     )
-    node = cluster.nodes["n1"]
-    producer = Producer({"bootstrap.servers": stack.kafka, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": bench.stack.kafka, "linger.ms": 0})
     to_buffer: list[float] = []
     to_clickhouse: list[float] = []
-    try:
-        cluster.start()
-        cluster.wait_leaders([0, 1])
-        flight = f"grpc://127.0.0.1:{node.flight_port}"
-        client = ch.client(database=database)
-        # Warm up: the first flush of a leader waits for its Spark session.
-        producer.produce(topic, value=message(-1), partition=0)
-        producer.flush(5)
-        wait(
-            functools.partial(in_clickhouse, client, -1),
-            120,
-            "the warm-up message in ClickHouse",
-            0.1,
-        )
+    with running(bench, spec) as step:
+        flight = f"grpc://127.0.0.1:{step.node.flight_port}"
+        step.warm_up(producer)
         for i in range(LATENCY_SAMPLES):
             sent = time.perf_counter()
             # Even partitions belong to shard 0, whose buffer is the table `events`.
             partition = (2 * i) % PARTITIONS
-            producer.produce(topic, value=message(i, time.time_ns()), partition=partition)
+            producer.produce(step.topic, value=message(i, time.time_ns()), partition=partition)
             producer.flush(5)
             sql = f"SELECT count(*) AS n FROM events WHERE id = {i}"
             wait(
@@ -613,15 +590,14 @@ def latency(
             to_buffer.append(time.perf_counter() - sent)
             if i % (LATENCY_SAMPLES // CLICKHOUSE_SAMPLES) == 0:
                 wait(
-                    functools.partial(in_clickhouse, client, i),
+                    functools.partial(in_clickhouse, step.client, i),
                     60,
                     f"message {i} in ClickHouse",
                     0.02,
                 )
                 to_clickhouse.append(time.perf_counter() - sent)
         floor = min(timeit(lambda: query(flight, "SELECT 1 AS n")) for _ in range(20))
-    finally:
-        cluster.stop()
+    rows: list[Row] = []
     for what, samples in (
         ("produce -> queryable in buffer", to_buffer),
         ("produce -> visible in ClickHouse", to_clickhouse),
@@ -635,6 +611,7 @@ def latency(
                 f"query floor {floor * 1000:.1f} ms",
             )
         )
+    return rows
 
 
 def timeit(fn: Callable[[], object]) -> float:
@@ -643,26 +620,27 @@ def timeit(fn: Callable[[], object]) -> float:
     return time.perf_counter() - began
 
 
-def failover(
-    root: Path, stack: StackEndpoints, ch: ClickHouseService, rows: list[tuple[str, ...]]
-) -> None:
-    cluster, _, database = make_cluster(
-        root,
-        stack,
-        ch,
+def failover(bench: Bench) -> list[Row]:
+    """Two daemons on one shard: time from an ops failover request, and from a SIGKILL of the
+    leader, until the other one consumes, as its `leader` znode says."""
+    spec = Step(
         "failover",
         nodes={"n1": [0], "n2": [0]},
         buffer={"min_rows": 1000, "min_age": 1, "max_age": 2},
-    )
-    coordinator = Coordinator(
-        ZkConfig(hosts=stack.zookeeper, root=f"{ZK_ROOT}/{database}"),
-        "bench-ops",
-        NodeInfo("", "", "", 0, "bench"),
+        leaders=False,
     )
     ops: list[float] = []
     kills: list[float] = []
-    try:
-        cluster.start()
+    with (
+        running(bench, spec) as step,
+        contextlib.closing(
+            Coordinator(
+                ZkConfig(hosts=bench.stack.zookeeper, root=f"{ZK_ROOT}/{step.database}"),
+                "bench-ops",
+                NodeInfo("", "", "", 0, "bench"),
+            )
+        ) as coordinator,
+    ):
         coordinator.start()
 
         def consuming_leader() -> str | None:
@@ -680,47 +658,35 @@ def failover(
             victim = consuming_leader()
             assert victim is not None
             began = time.perf_counter()
-            cluster.nodes[victim].kill(signal.SIGKILL)
+            step.cluster.nodes[victim].kill(signal.SIGKILL)
             wait(
                 functools.partial(moved, consuming_leader, victim),
                 60,
                 "kill -9 failover",
             )
             kills.append(time.perf_counter() - began)
-            cluster.nodes[victim].start()
-            cluster.nodes[victim].wait_up()
-    finally:
-        coordinator.close()
-        cluster.stop()
-    for what, samples in (
-        ("ops failover -> new leader consuming", ops),
-        ("kill -9 -> new leader consuming", kills),
-    ):
-        rows.append(
-            (
-                what,
-                f"median {statistics.median(samples) * 1000:,.0f} ms",
-                f"max {max(samples) * 1000:,.0f} ms",
-                f"session {SESSION_TIMEOUT * 1000:,.0f} ms",
-            )
+            step.cluster.nodes[victim].start()
+            step.cluster.nodes[victim].wait_up()
+    return [
+        (
+            what,
+            f"median {statistics.median(samples) * 1000:,.0f} ms",
+            f"max {max(samples) * 1000:,.0f} ms",
+            f"session {SESSION_TIMEOUT * 1000:,.0f} ms",
         )
+        for what, samples in (
+            ("ops failover -> new leader consuming", ops),
+            ("kill -9 -> new leader consuming", kills),
+        )
+    ]
 
 
-def restart(
-    root: Path,
-    stack: StackEndpoints,
-    ch: ClickHouseService,
-    rows: list[tuple[str, ...]],
-    *,
-    stack_pids: dict[str, int],
-) -> None:
+def restart(bench: Bench) -> list[Row]:
+    """The fill of a WAL of WAL_MIB MiB with no flush running (its rate and CPU rows), then
+    the time from starting the daemon again over it until it consumes, and the rows replayed."""
     count = WAL_MIB * MIB // 210  # WAL bytes per row: the Arrow IPC of a decoded ~200 B message
-    cluster, topic, _ = make_cluster(
-        root,
-        stack,
-        ch,
+    spec = Step(
         "restart",
-        nodes={"n1": [0, 1]},
         # No threshold is reached before the kill: a flush in flight would make the restart
         # re-flush its block first, and the step would time Spark, not the replay.
         buffer={
@@ -734,17 +700,12 @@ def restart(
         # The fill times ingest alone: Spark is up before the daemon leads, not starting
         # beside the consumer (a JVM start takes most of a core for ~20 s here).
         spark_on_followers=True,
+        backlog=count,
+        leaders=False,
     )
-    size = produce_backlog(stack.kafka, topic, count)
-    node = cluster.nodes["n1"]
-    try:
-        cluster.start()
-        began, before = first_batch(node)
-        meter = cpu_meter(node, stack_pids)
-        meter.start()
-        wait(lambda: consumed(node) >= count, 300, "the WAL to fill", 0.1)
-        filled = time.perf_counter() - began
-        cpu = meter.stop()
+    with running(bench, spec) as step:
+        node = step.node
+        fill = step.fill(count, 300, "the WAL to fill")
         wal_bytes = metric(node, "hakafka_wal_bytes_total")
         if metric(node, "hakafka_flushes_total"):
             raise RuntimeError("a block was flushed before the kill: the restart would re-flush")
@@ -760,28 +721,23 @@ def restart(
         wait(lambda: set(node.leads()) == {0, 1}, 300, "consuming after restart", 0.05)
         took = time.perf_counter() - began
         replayed = sum(p["replayed_rows"] for p in node.pipelines())
-    finally:
-        cluster.stop()
-    raw = raw_consume(stack.kafka, topic, count)
-    timed = count - before
-    rows.append(
+    raw = step.baseline(count)
+    return [
         rate_row(
             "ingest with no flush running (the WAL fill)",
-            timed,
-            size / MIB * timed / count,
-            filled,
+            fill.rows,
+            fill.mib,
+            fill.seconds,
             raw / count,
-        )
-    )
-    rows += cpu_rows(cpu)
-    rows.append(
+        ),
+        *cpu_rows(fill.cpu),
         (
             f"restart over a {wal_bytes / MIB:,.0f} MiB WAL -> consuming",
             f"{took:.2f} s",
             f"{replayed:,} rows replayed",
             f"{wal_bytes / MIB / took:,.0f} MiB/s",
-        )
-    )
+        ),
+    ]
 
 
 def main() -> int:
@@ -797,27 +753,29 @@ def main() -> int:
         KafkaBroker(root / "kafka"),
         ClickHouseService(root / "ch"),
     )
-    rows: list[tuple[str, ...]] = []
+    rows: list[Row] = []
     try:
         for service in (zk, broker, ch):
             service.start()
-        stack = StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}")
         stack_pids = {
             name: pid for name, pid in (("broker", broker.pid), ("ClickHouse", ch.pid)) if pid
         }
-        steps: dict[str, Callable[..., None]] = {
+        bench = Bench(
+            root, StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}"), ch, stack_pids
+        )
+        steps: dict[str, Callable[[Bench], list[Row]]] = {
             "ingest": ingest,
-            "catchup": functools.partial(catchup, stack_pids=stack_pids),
+            "catchup": catchup,
             "sustained": functools.partial(
                 sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
             ),
             "latency": latency,
             "failover": failover,
-            "restart": functools.partial(restart, stack_pids=stack_pids),
+            "restart": restart,
         }
         for name in args.steps.split(","):
             print(f"... {name}", file=sys.stderr, flush=True)
-            steps[name](root, stack, ch, rows)
+            rows += steps[name](bench)
     finally:
         for service in (ch, broker, zk):
             service.stop()
@@ -825,7 +783,7 @@ def main() -> int:
     return 0
 
 
-def report(rows: list[tuple[str, ...]]) -> None:
+def report(rows: list[Row]) -> None:
     print(
         f"e2e bench: {BACKLOG:,} JSON messages of ~{len(message(0))} B, {PARTITIONS} partitions, "
         f"one daemon leading 2 shards, {os.cpu_count()} cores shared by broker, ClickHouse, "

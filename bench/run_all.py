@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
 TIMEOUT_S = 1500  # the e2e bench takes about 10 minutes
 HEADER = """# Benchmark results
@@ -38,10 +39,13 @@ def sections(text: str) -> dict[str, str]:
 
 def run(name: str) -> str:
     script = BENCH_DIR / f"{name}_bench.py"
-    command = f".venv/bin/python bench/{script.name}"
+    command = f"PYTHONPATH=. .venv/bin/python bench/{script.name}"
     began = time.monotonic()
+    # devstack (the local stack the benches start) runs from the checkout, never installed.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     result = subprocess.run(
         [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
