@@ -31,6 +31,7 @@ from pairing import paired
 
 from devstack.kafka import KafkaBroker
 from hakafka.consumer import (
+    Format,
     JsonDecoder,
     MessageColumns,
     PartitionConsumer,
@@ -141,7 +142,7 @@ def raw_seconds(bootstrap: str, keep: list[list[Message]]) -> float:
 def consume_and_decode(bootstrap: str) -> float:
     """Seconds of `PartitionConsumer` + `JsonDecoder` over every message."""
     consumer = PartitionConsumer(bootstrap, TOPIC, range(PARTITIONS), group_id="bench")
-    decoder = make_decoder("json", SCHEMA)
+    decoder = make_decoder(Format.JSON, SCHEMA)
     consumer.assign({p: 0 for p in range(PARTITIONS)})
     rows = 0
     seen = 0
@@ -228,7 +229,7 @@ def main() -> None:
         f"{mib / consumed.subject_s():7.1f} MiB/s = {consumed.ratio():.0%} of raw consume "
         f"(range {consumed.span()}; target >= 50%)"
     )
-    decoder = make_decoder("json", SCHEMA)
+    decoder = make_decoder(Format.JSON, SCHEMA)
     assert isinstance(decoder, JsonDecoder)
     joined = [b"\n".join(m.value() or b"" for m in batch) for batch in kept if batch]
     decode_alone(kept, decoder, spoil=False)  # warm-up: Arrow kernels, numpy

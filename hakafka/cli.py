@@ -49,13 +49,18 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load(args.config)
     sink = logs.configure(args.log_format, args.log_level, logs.LogSink(args.log_file))
-    from hakafka.daemon import Daemon
+    # Only `run` loads the daemon (and with it Spark).
+    from hakafka.daemon import Daemon, StartupError
 
-    return Daemon(config, sink).run()
+    try:
+        return Daemon(config, sink).run()
+    except StartupError as exc:
+        print(f"hakafka: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def _init(args: argparse.Namespace) -> int:
-    from hakafka.init import initialize
+    from hakafka.ops.init import initialize
 
     for line in initialize(load(args.config)):
         print(line)
@@ -310,7 +315,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one `hakafka` command; return its exit code (0 ok, 1 failure, 2 usage)."""
     from buffer.client import QueryFailedError
     from hakafka.coordination import CoordinationError
-    from hakafka.daemon import StartupError
     from hakafka.ops.cluster import OpsError, UsageError
 
     args = build_parser().parse_args(argv)
@@ -321,13 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (
-        ConfigError,
-        StartupError,
-        OpsError,
-        CoordinationError,
-        QueryFailedError,
-    ) as exc:
+    except (ConfigError, OpsError, CoordinationError, QueryFailedError) as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return code

@@ -4,6 +4,12 @@
 naming its key (`pipelines[0].buffer.max_rows`) and what is allowed. Unknown keys are errors
 (a typo must not silently fall back to a default). Secrets come from files or environment
 variables and never appear in `repr()` or logs.
+
+Each key's default is declared once, in its section's dataclass: a reader passes `d.key`
+with `d = Section` (a dataclass keeps a field's default as its class attribute). An option
+with a fixed set of values is the enum of the library that uses it (`wal.FsyncPolicy`,
+`spark_bridge.tables.Engine`, `hakafka.consumer.Format`/`OnError`/`OutOfRange`); the config
+holds the member.
 """
 
 from __future__ import annotations
@@ -13,8 +19,14 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
+
+from hakafka.consumer import ALWAYS_META, Format, OnError, OutOfRange
+from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
+from spark_bridge.tables import Engine
+from wal import FsyncPolicy
 
 DEFAULT_PATH = Path("/etc/hakafka/hakafka.toml")
 
@@ -24,16 +36,12 @@ ENV_CLICKHOUSE_PASSWORD = "HAKAFKA_CLICKHOUSE_PASSWORD"
 ENV_SERVER_TOKEN = "HAKAFKA_SERVER_TOKEN"
 ENV_KAFKA_PREFIX = "HAKAFKA_KAFKA_"  # HAKAFKA_KAFKA_SASL_PASSWORD -> sasl.password
 
-FORMATS = ("json", "raw", "csv")
-ON_ERROR = ("dead_letter", "skip", "fail")
-FSYNC = ("always", "batch", "interval", "off")
-OUT_OF_RANGE = ("fail", "earliest")
-ENGINES = ("MergeTree", "ReplicatedMergeTree")
-META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
+META_COLUMNS = tuple(name for name, _ in META_COLUMN_TYPES)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 T = TypeVar("T")
+E = TypeVar("E", bound=StrEnum)
 
 
 class ConfigError(ValueError):
@@ -71,7 +79,7 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
-class ZooKeeperSettings:
+class ZooKeeperConfig:
     hosts: str
     root: str = "/hakafka/default"
     session_timeout: float = 6.0
@@ -82,27 +90,27 @@ class ZooKeeperSettings:
 
 
 @dataclass(frozen=True)
-class KafkaSettings:
+class KafkaConfig:
     bootstrap: str
-    out_of_range: str = "fail"
+    out_of_range: OutOfRange = OutOfRange.FAIL
     settings: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
-class ClickHouseSettings:
+class ClickHouseConfig:
     replicas: Mapping[int, Mapping[str, Endpoint]]  # shard -> node -> HTTP endpoint
     database: str = "default"
     user: str = "default"
     password: Secret = Secret("")
     secure: bool = False
     verify: bool = True
-    engine: str = "MergeTree"
+    engine: Engine = Engine.MERGE_TREE
     dedup_window: int = 10_000
     insert_timeout: float = 60.0
 
 
 @dataclass(frozen=True)
-class SparkSettings:
+class SparkConfig:
     master: str = "local[2]"
     remote: str = ""
     driver_memory: str = "2g"
@@ -112,7 +120,7 @@ class SparkSettings:
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class NodeServerConfig:
     http: Endpoint = Endpoint("127.0.0.1", 8300)
     flight: Endpoint = Endpoint("127.0.0.1", 8301)
     token: Secret = Secret("")
@@ -121,7 +129,7 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
-class BufferSettings:
+class PipelineBufferConfig:
     min_rows: int = 100_000
     max_rows: int = 2_000_000
     min_bytes: int = 16 << 20
@@ -132,8 +140,8 @@ class BufferSettings:
 
 
 @dataclass(frozen=True)
-class WalSettings:
-    fsync: str = "batch"
+class PipelineWalConfig:
+    fsync: FsyncPolicy = FsyncPolicy.BATCH
     interval_ms: int = 50
     segment_bytes: int = 64 << 20
 
@@ -150,34 +158,34 @@ class PipelineConfig:
     topic: str
     table: str
     columns: tuple[ColumnConfig, ...]
-    format: str = "json"
+    format: Format = Format.JSON
     order_by: str = "(_partition, _offset)"
     partition_by: str = ""
     ttl: str = ""
     meta_columns: tuple[str, ...] = META_COLUMNS
-    on_error: str = "dead_letter"
+    on_error: OnError = OnError.DEAD_LETTER
     max_message_bytes: int = 1 << 20
     transform: str = ""
     partitions: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
-    buffer: BufferSettings = BufferSettings()
-    wal: WalSettings = WalSettings()
+    buffer: PipelineBufferConfig = PipelineBufferConfig()
+    wal: PipelineWalConfig = PipelineWalConfig()
 
     @property
     def dead_letter_table(self) -> str:
         return f"{self.table}_dead_letter"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Config:
     node: str
     shards: tuple[int, ...]
-    shard_count: int
-    data_dir: Path
-    zookeeper: ZooKeeperSettings
-    kafka: KafkaSettings
-    clickhouse: ClickHouseSettings
-    spark: SparkSettings
-    server: ServerSettings
+    shard_count: int = 1
+    data_dir: Path = Path("/var/lib/hakafka")
+    zookeeper: ZooKeeperConfig
+    kafka: KafkaConfig
+    clickhouse: ClickHouseConfig
+    spark: SparkConfig
+    server: NodeServerConfig
     pipelines: tuple[PipelineConfig, ...]
     source: str = ""
 
@@ -231,15 +239,18 @@ class _Reader:
             return default  # type: ignore[return-value]
         return value  # type: ignore[return-value]
 
-    def choice(self, name: str, allowed: tuple[str, ...], default: str) -> str:
-        return self.get(
+    def choice(self, name: str, kind: type[E], default: E) -> E:
+        """One of the values of the enum `kind`, as its member."""
+        allowed = [member.value for member in kind]
+        value = self.get(
             name,
             str,
-            default,
+            default.value,
             check=lambda v: (
                 None if v in allowed else f"must be one of {', '.join(allowed)}; got {v!r}"
             ),
         )
+        return kind(value)
 
     def table(self, name: str, *, required: bool = False) -> _Reader:
         raw = self.get(name, dict, {}, required=required)
@@ -295,14 +306,15 @@ def parse_endpoint(raw: str, key: str, problems: list[str]) -> Endpoint | None:
     return Endpoint(host, int(port))
 
 
-def _zookeeper(r: _Reader) -> ZooKeeperSettings:
-    z = ZooKeeperSettings(
+def _zookeeper(r: _Reader) -> ZooKeeperConfig:
+    d = ZooKeeperConfig
+    z = ZooKeeperConfig(
         hosts=r.get("hosts", str, "", required=True),
-        root=r.get("root", str, "/hakafka/default", check=_zk_root_problem),
-        session_timeout=r.positive("session_timeout", float, 6.0),
-        connect_timeout=r.positive("connect_timeout", float, 10.0),
-        request_timeout=r.positive("request_timeout", float, 5.0),
-        auth_user=r.get("auth_user", str, ""),
+        root=r.get("root", str, d.root, check=_zk_root_problem),
+        session_timeout=r.positive("session_timeout", float, d.session_timeout),
+        connect_timeout=r.positive("connect_timeout", float, d.connect_timeout),
+        request_timeout=r.positive("request_timeout", float, d.request_timeout),
+        auth_user=r.get("auth_user", str, d.auth_user),
         auth_password=r.secret("auth_password", ENV_ZK_PASSWORD),
     )
     if z.auth_password and not z.auth_user:
@@ -317,7 +329,8 @@ def _zk_root_problem(value: str) -> str | None:
     return None
 
 
-def _kafka(r: _Reader) -> KafkaSettings:
+def _kafka(r: _Reader) -> KafkaConfig:
+    d = KafkaConfig
     settings_reader = r.table("settings")
     settings: dict[str, str] = {}
     for key, value in settings_reader.data.items():
@@ -334,16 +347,17 @@ def _kafka(r: _Reader) -> KafkaSettings:
     for reserved in ("bootstrap.servers", "enable.auto.commit", "group.id"):
         if reserved in settings:
             settings_reader.problem(reserved, "is managed by hakafka; remove it")
-    k = KafkaSettings(
+    k = KafkaConfig(
         bootstrap=r.get("bootstrap", str, "", required=True),
-        out_of_range=r.choice("out_of_range", OUT_OF_RANGE, "fail"),
+        out_of_range=r.choice("out_of_range", OutOfRange, d.out_of_range),
         settings=settings,
     )
     r.finish()
     return k
 
 
-def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseSettings:
+def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseConfig:
+    d = ClickHouseConfig
     replicas_reader = r.table("replicas", required=True)
     replicas: dict[int, dict[str, Endpoint]] = {}
     for shard_key, nodes in replicas_reader.data.items():
@@ -366,8 +380,8 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseSettings:
             replicas_reader.problem(
                 str(shard), f"no ClickHouse replicas for shard {shard} that this node serves"
             )
-    engine = r.choice("engine", ENGINES, "MergeTree")
-    if engine == "MergeTree":
+    engine = r.choice("engine", Engine, d.engine)
+    if engine is Engine.MERGE_TREE:
         for shard, nodes in sorted(replicas.items()):
             if len(set(nodes.values())) > 1:
                 replicas_reader.problem(
@@ -375,16 +389,16 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseSettings:
                     "MergeTree keeps its deduplication log per server, so a shard with several "
                     'ClickHouse servers needs engine = "ReplicatedMergeTree" (or one endpoint)',
                 )
-    c = ClickHouseSettings(
+    c = ClickHouseConfig(
         replicas=replicas,
-        database=r.get("database", str, "default", check=_name_problem),
-        user=r.get("user", str, "default"),
+        database=r.get("database", str, d.database, check=_name_problem),
+        user=r.get("user", str, d.user),
         password=r.secret("password", ENV_CLICKHOUSE_PASSWORD),
-        secure=r.get("secure", bool, False),
-        verify=r.get("verify", bool, True),
+        secure=r.get("secure", bool, d.secure),
+        verify=r.get("verify", bool, d.verify),
         engine=engine,
-        dedup_window=r.positive("dedup_window", int, 10_000),
-        insert_timeout=r.positive("insert_timeout", float, 60.0),
+        dedup_window=r.positive("dedup_window", int, d.dedup_window),
+        insert_timeout=r.positive("insert_timeout", float, d.insert_timeout),
     )
     r.finish()
     return c
@@ -398,38 +412,40 @@ def _name_problem(value: str) -> str | None:
     )
 
 
-def _spark(r: _Reader) -> SparkSettings:
+def _spark(r: _Reader) -> SparkConfig:
+    d = SparkConfig
     conf_reader = r.table("conf")
     conf = {}
     for key, value in conf_reader.data.items():
         conf_reader.seen.add(key)
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    s = SparkSettings(
-        master=r.get("master", str, "local[2]"),
-        remote=r.get("remote", str, ""),
-        driver_memory=r.get("driver_memory", str, "2g"),
-        on_followers=r.get("on_followers", bool, False),
-        rows_per_task=r.positive("rows_per_task", int, 500_000),
+    s = SparkConfig(
+        master=r.get("master", str, d.master),
+        remote=r.get("remote", str, d.remote),
+        driver_memory=r.get("driver_memory", str, d.driver_memory),
+        on_followers=r.get("on_followers", bool, d.on_followers),
+        rows_per_task=r.positive("rows_per_task", int, d.rows_per_task),
         conf=conf,
     )
     r.finish()
     return s
 
 
-def _server(r: _Reader) -> ServerSettings:
-    s = ServerSettings(
-        http=_endpoint(r, "http", ServerSettings.http),
-        flight=_endpoint(r, "flight", ServerSettings.flight),
+def _server(r: _Reader) -> NodeServerConfig:
+    d = NodeServerConfig
+    s = NodeServerConfig(
+        http=_endpoint(r, "http", d.http),
+        flight=_endpoint(r, "flight", d.flight),
         token=r.secret("token", ENV_SERVER_TOKEN),
-        stuck_after=r.positive("stuck_after", float, ServerSettings.stuck_after),
+        stuck_after=r.positive("stuck_after", float, d.stuck_after),
     )
     r.finish()
     return s
 
 
-def _buffer(r: _Reader) -> BufferSettings:
-    d = BufferSettings()
-    b = BufferSettings(
+def _buffer(r: _Reader) -> PipelineBufferConfig:
+    d = PipelineBufferConfig
+    b = PipelineBufferConfig(
         min_rows=r.positive("min_rows", int, d.min_rows),
         max_rows=r.positive("max_rows", int, d.max_rows),
         min_bytes=r.positive("min_bytes", int, d.min_bytes),
@@ -447,14 +463,15 @@ def _buffer(r: _Reader) -> BufferSettings:
     return b
 
 
-def _wal(r: _Reader) -> WalSettings:
-    w = WalSettings(
-        fsync=r.choice("fsync", FSYNC, "batch"),
-        interval_ms=r.positive("interval_ms", int, 50),
+def _wal(r: _Reader) -> PipelineWalConfig:
+    d = PipelineWalConfig
+    w = PipelineWalConfig(
+        fsync=r.choice("fsync", FsyncPolicy, d.fsync),
+        interval_ms=r.positive("interval_ms", int, d.interval_ms),
         segment_bytes=r.get(
             "segment_bytes",
             int,
-            64 << 20,
+            d.segment_bytes,
             check=lambda v: None if v >= 1 << 20 else "must be at least 1048576 (1 MiB)",
         ),
     )
@@ -465,6 +482,7 @@ def _wal(r: _Reader) -> WalSettings:
 def _pipeline(
     r: _Reader, shard_count: int, check_type: Callable[[str], str | None]
 ) -> PipelineConfig:
+    d = PipelineConfig
     columns_reader = r.table("columns", required=True)
     columns = []
     for name, ch_type in columns_reader.data.items():
@@ -486,7 +504,7 @@ def _pipeline(
     meta = r.get(
         "meta_columns",
         list,
-        list(META_COLUMNS),
+        list(d.meta_columns),
         check=lambda v: (
             None
             if all(m in META_COLUMNS for m in v)
@@ -509,15 +527,15 @@ def _pipeline(
         topic=r.get("topic", str, "", required=True),
         table=r.get("table", str, "", required=True, check=_name_problem),
         columns=tuple(columns),
-        format=r.choice("format", FORMATS, "json"),
-        order_by=r.get("order_by", str, "(_partition, _offset)"),
-        partition_by=r.get("partition_by", str, ""),
-        ttl=r.get("ttl", str, ""),
+        format=r.choice("format", Format, d.format),
+        order_by=r.get("order_by", str, d.order_by),
+        partition_by=r.get("partition_by", str, d.partition_by),
+        ttl=r.get("ttl", str, d.ttl),
         # _partition and _offset are always kept: exactly-once relies on them.
-        meta_columns=tuple(dict.fromkeys(["_partition", "_offset", *meta])),
-        on_error=r.choice("on_error", ON_ERROR, "dead_letter"),
-        max_message_bytes=r.positive("max_message_bytes", int, 1 << 20),
-        transform=r.get("transform", str, "", check=_transform_problem),
+        meta_columns=tuple(dict.fromkeys([*ALWAYS_META, *meta])),
+        on_error=r.choice("on_error", OnError, d.on_error),
+        max_message_bytes=r.positive("max_message_bytes", int, d.max_message_bytes),
+        transform=r.get("transform", str, d.transform, check=_transform_problem),
         partitions=partitions,
         buffer=_buffer(r.table("buffer")),
         wal=_wal(r.table("wal")),
@@ -545,9 +563,10 @@ def parse_config(
 
     `check_type` returns a problem text for an unsupported ClickHouse type, else None.
     """
+    d = Config
     problems: list[str] = []
     r = _Reader(data, "", problems)
-    shard_count = r.positive("shard_count", int, 1)
+    shard_count = r.positive("shard_count", int, d.shard_count)
     shards = r.get(
         "shards",
         list,
@@ -590,7 +609,7 @@ def parse_config(
         ),
         shards=shard_tuple,
         shard_count=shard_count,
-        data_dir=Path(r.get("data_dir", str, "/var/lib/hakafka")),
+        data_dir=Path(r.get("data_dir", str, str(d.data_dir))),
         zookeeper=_zookeeper(r.table("zookeeper", required=True)),
         kafka=_kafka(r.table("kafka", required=True)),
         clickhouse=_clickhouse(r.table("clickhouse", required=True), shard_tuple),

@@ -1,4 +1,4 @@
-"""`wal`, `buffer` and `spark_bridge` stand alone: none of them imports `hakafka` (DESIGN.md)."""
+"""`wal`, `buffer` and `spark_bridge` stand alone: none of them imports `hakafka` (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,30 @@ def test_no_source_file_imports_hakafka(package: str) -> None:
     assert files
     offending = [where for path in files for where in hakafka_imports(path)]
     assert offending == [], f"{package} imports hakafka at {', '.join(offending)}"
+
+
+def test_spark_bridge_loads_pyspark_only_for_the_spark_parts() -> None:
+    # The package imports its names on first use: tables, connections, replicas and the
+    # session settings are plain Python (what `hakafka init` and the config need).
+    plain = [
+        "spark_bridge",
+        "spark_bridge.connection",
+        "spark_bridge.replicas",
+        "spark_bridge.runtime",
+        "spark_bridge.tables",
+    ]
+    code = (
+        f"import {', '.join(plain)}; import sys; "
+        "from spark_bridge import Connection, Engine, Replica, SparkSettings, TableSpec; "
+        "print(sorted(m for m in sys.modules if m == 'pyspark' or m.startswith('pyspark.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"importing {plain} loaded {done.stdout.strip()}"

@@ -3,7 +3,8 @@
 `PartitionConsumer` reads a shard's partitions (assign-only, explicit start offsets,
 pause/resume, positions and lag); `make_decoder` turns message batches into Arrow
 `DecodedBatch`es with the pipeline schema, bad messages isolated per `on_error`.
-`schema` is the one place that maps ClickHouse types to Arrow types.
+`schema` is the one place that maps ClickHouse types to Arrow types. The options a pipeline
+chooses from are enums declared here: `Format`, `OnError`, `OutOfRange`.
 """
 
 from hakafka.consumer.assignment import (
@@ -17,7 +18,9 @@ from hakafka.consumer.decode import (
     DecodedBatch,
     DecodeOptions,
     Decoder,
+    Format,
     JsonDecoder,
+    OnError,
     RawDecoder,
     make_decoder,
 )
@@ -30,7 +33,12 @@ from hakafka.consumer.errors import (
 )
 from hakafka.consumer.messages import MessageColumns
 from hakafka.consumer.metrics import ConsumerMetrics
-from hakafka.consumer.partition_consumer import OffsetReset, PartitionConsumer, redact_settings
+from hakafka.consumer.partition_consumer import (
+    OffsetReset,
+    OutOfRange,
+    PartitionConsumer,
+    redact_settings,
+)
 from hakafka.consumer.schema import (
     ALWAYS_META,
     DEAD_LETTER_COLUMNS,
@@ -53,11 +61,14 @@ __all__ = [
     "DecodeOptions",
     "DecodedBatch",
     "Decoder",
+    "Format",
     "JsonDecoder",
     "KafkaConsumeError",
     "MessageColumns",
     "OffsetOutOfRangeError",
     "OffsetReset",
+    "OnError",
+    "OutOfRange",
     "PartitionConsumer",
     "PipelineSchema",
     "RawDecoder",

@@ -17,7 +17,8 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -31,8 +32,23 @@ from hakafka.consumer.errors import DecodeError, SchemaError
 from hakafka.consumer.messages import KafkaMessage, MessageColumns
 from hakafka.consumer.schema import PipelineSchema
 
-OnError = Literal["dead_letter", "skip", "fail"]
-Format = Literal["json", "raw", "csv"]
+
+class Format(StrEnum):
+    """How a message's value is encoded (a pipeline's `format`)."""
+
+    JSON = "json"
+    RAW = "raw"
+    CSV = "csv"
+
+
+class OnError(StrEnum):
+    """What happens to a bad message (a pipeline's `on_error`)."""
+
+    DEAD_LETTER = "dead_letter"
+    SKIP = "skip"
+    FAIL = "fail"
+
+
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 _LOG_SAMPLE = 5
 # Arrow parses in blocks; 4 MiB measured fastest for ~200-byte JSON records.
@@ -84,14 +100,18 @@ class DecodeOptions:
     several cores (off by default: the daemon runs one decoder per pipeline).
     """
 
-    on_error: OnError = "dead_letter"
+    on_error: OnError = OnError.DEAD_LETTER
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     use_threads: bool = False
     csv_delimiter: str = ","
 
     def __post_init__(self) -> None:
-        if self.on_error not in ("dead_letter", "skip", "fail"):
-            raise ValueError(f"on_error must be dead_letter, skip or fail, got {self.on_error!r}")
+        try:  # an untyped caller may pass the plain string
+            object.__setattr__(self, "on_error", OnError(self.on_error))
+        except ValueError:
+            raise ValueError(
+                f"on_error must be dead_letter, skip or fail, got {self.on_error!r}"
+            ) from None
         if self.max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes}")
         if len(self.csv_delimiter) != 1:
@@ -284,7 +304,7 @@ class _ArrowDecoder(ABC):
         dead: pa.RecordBatch | None = None
         if bad:
             first = min(bad)
-            if self.options.on_error == "fail":
+            if self.options.on_error is OnError.FAIL:
                 raise DecodeError(
                     columns.topics[first],
                     columns.partitions[first],
@@ -300,7 +320,7 @@ class _ArrowDecoder(ABC):
                 }
                 for i in sorted(bad)[:_LOG_SAMPLE]
             ]
-            if self.options.on_error == "dead_letter":
+            if self.options.on_error is OnError.DEAD_LETTER:
                 dead = dead_letter_batch(columns, bad)
                 log.warning("decode.dead_lettered", count=len(bad), sample=sample)
             else:
@@ -548,11 +568,13 @@ def make_decoder(
     format: Format, schema: PipelineSchema, options: DecodeOptions | None = None
 ) -> Decoder:
     """The decoder for pipeline `format` (`json`, `raw` or `csv`)."""
-    decoders: dict[str, type[_ArrowDecoder]] = {
-        "json": JsonDecoder,
-        "raw": RawDecoder,
-        "csv": CsvDecoder,
+    decoders: dict[Format, type[_ArrowDecoder]] = {
+        Format.JSON: JsonDecoder,
+        Format.RAW: RawDecoder,
+        Format.CSV: CsvDecoder,
     }
-    if format not in decoders:
-        raise SchemaError(f"unknown format {format!r}; use json, raw or csv")
-    return decoders[format](schema, options)
+    try:  # an untyped caller may pass the plain string
+        kind = Format(format)
+    except ValueError:
+        raise SchemaError(f"unknown format {format!r}; use json, raw or csv") from None
+    return decoders[kind](schema, options)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -17,7 +18,17 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from hakafka.consumer.assignment import ShardAssignment
 from hakafka.consumer.errors import KafkaConsumeError, OffsetOutOfRangeError
 
-OutOfRange = Literal["earliest", "fail"]
+
+class OutOfRange(StrEnum):
+    """What to do with a start offset outside the partition's log (Kafka `out_of_range`).
+
+    FAIL: raise `OffsetOutOfRangeError` (ops decide). EARLIEST: read from the log start and
+    report the offsets retention removed (`OffsetReset`).
+    """
+
+    FAIL = "fail"
+    EARLIEST = "earliest"
+
 
 log = structlog.get_logger("hakafka.consumer.partition_consumer")
 
@@ -89,13 +100,17 @@ class PartitionConsumer:
         partitions: Iterable[int] | ShardAssignment,
         *,
         settings: Mapping[str, Any] | None = None,
-        out_of_range: OutOfRange = "fail",
+        out_of_range: OutOfRange = OutOfRange.FAIL,
         group_id: str = "hakafka",
         on_reset: Callable[[OffsetReset], None] | None = None,
         metadata_timeout: float = 10.0,
     ) -> None:
-        if out_of_range not in ("earliest", "fail"):
-            raise ValueError(f"out_of_range must be 'earliest' or 'fail', got {out_of_range!r}")
+        try:  # an untyped caller may pass the plain string
+            policy = OutOfRange(out_of_range)
+        except ValueError:
+            raise ValueError(
+                f"out_of_range must be 'earliest' or 'fail', got {out_of_range!r}"
+            ) from None
         settings = dict(settings or {})
         clash = sorted(key for key in settings if key in _FORCED or key == "group.id")
         if clash:
@@ -103,7 +118,7 @@ class PartitionConsumer:
                 f"librdkafka settings {clash} are managed by hakafka and cannot be overridden"
             )
         self.topic = topic
-        self.out_of_range: OutOfRange = out_of_range
+        self.out_of_range = policy
         self._spec = partitions if isinstance(partitions, ShardAssignment) else None
         self._fixed = None if self._spec is not None else sorted(set(partitions))  # type: ignore[arg-type]
         self._on_reset = on_reset
@@ -262,7 +277,7 @@ class PartitionConsumer:
             low = self._low_watermark(partition)
         if high is None:
             high = self._cached_watermarks(partition)[1]
-        if self.out_of_range == "fail":
+        if self.out_of_range is OutOfRange.FAIL:
             raise OffsetOutOfRangeError(self.topic, partition, requested, low, max(high, low))
         reset = OffsetReset(self.topic, partition, requested, low, high)
         log.error(

@@ -1,6 +1,6 @@
 """One shard's candidacy and leadership: the `Leadership` state object the daemon waits on.
 
-Mechanics (see DESIGN.md "ZooKeeper layout"): every joined node keeps an ephemeral
+Mechanics (see docs/DESIGN.md, "ZooKeeper layout"): every joined node keeps an ephemeral
 sequential candidate `shards/<s>/election/n_…` holding its node id. The leader is the lowest
 candidate whose node is eligible (not under replacement, and the failover target while a
 `failover --to` request is active). The winner bumps `epoch` and creates the ephemeral

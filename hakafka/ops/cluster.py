@@ -18,6 +18,7 @@ from buffer.auth import bearer_header
 from hakafka import __version__
 from hakafka.config import Config
 from hakafka.coordination import Coordinator, LeaderInfo, NodeInfo
+from hakafka.settings import zk_config
 
 
 class OpsError(RuntimeError):
@@ -31,8 +32,6 @@ class UsageError(ValueError):
 @contextlib.contextmanager
 def connect(config: Config) -> Iterator[Coordinator]:
     """A ZooKeeper client for `config`'s cluster that reads and requests, never registers."""
-    from hakafka.daemon import zk_config
-
     coordinator = Coordinator(
         zk_config(config),
         config.node,

@@ -7,13 +7,12 @@ from typing import TextIO
 
 from hakafka.config import Config
 from hakafka.ops.cluster import UsageError
+from hakafka.settings import wal_dir
 from wal import cli as wal_cli
 
 
 def wal_dirs(config: Config, pipeline: str | None) -> list[tuple[int, str, Path]]:
     """(shard, pipeline, directory) of every WAL this node keeps, optionally one pipeline's."""
-    from hakafka.pipeline import wal_dir
-
     names = [p.name for p in config.pipelines]
     if pipeline is not None and pipeline not in names:
         raise UsageError(f"--pipeline {pipeline}: the config has pipelines {', '.join(names)}")

@@ -12,12 +12,13 @@ import pytest
 from hakafka.consumer import (
     DecodeError,
     DecodeOptions,
+    Format,
     MessageColumns,
+    OnError,
     PipelineSchema,
     SchemaError,
     make_decoder,
 )
-from hakafka.consumer.decode import Format
 
 SCHEMA = PipelineSchema.of(
     [("id", "Int64"), ("name", "String"), ("score", "Nullable(Float64)"), ("day", "Date")],
@@ -51,7 +52,7 @@ def dead_by_offset(batch_dead: pa.RecordBatch | None) -> dict[int, str]:
 
 
 def test_json_fast_path_builds_rows_with_meta_columns_in_kafka_order() -> None:
-    decoded = make_decoder("json", SCHEMA).decode_columns(columns([good(i) for i in range(5)]))
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(columns([good(i) for i in range(5)]))
     rows = decoded.rows
     assert rows.schema == SCHEMA.arrow_schema()
     assert rows["id"].to_pylist() == [0, 1, 2, 3, 4]
@@ -74,7 +75,7 @@ def test_mixed_batch_yields_good_rows_in_order_and_exact_dead_letters() -> None:
     values[7] = b'{"id": 7, "name": "\xff\xfe", "day": "2024-03-01"}'  # invalid UTF-8
     values[9] = b"{not json"
     values[11] = b""  # empty
-    decoded = make_decoder("json", SCHEMA).decode_columns(columns(values))
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(columns(values))
     assert decoded.rows["id"].to_pylist() == [0, 1, 3, 4, 8, 10]
     assert decoded.rows["_offset"].to_pylist() == [100, 101, 103, 104, 108, 110]
     dead = dead_by_offset(decoded.dead_letters)
@@ -101,7 +102,7 @@ def test_mixed_batch_yields_good_rows_in_order_and_exact_dead_letters() -> None:
 
 def test_oversized_messages_are_dead_letters_naming_size_and_limit() -> None:
     big = json.dumps({"id": 1, "name": "x" * 500, "day": "2024-03-01"}).encode()
-    decoder = make_decoder("json", SCHEMA, DecodeOptions(max_message_bytes=200))
+    decoder = make_decoder(Format.JSON, SCHEMA, DecodeOptions(max_message_bytes=200))
     decoded = decoder.decode_columns(columns([good(0), big, good(2)]))
     assert decoded.rows["id"].to_pylist() == [0, 2]
     assert dead_by_offset(decoded.dead_letters) == {
@@ -117,7 +118,7 @@ def test_integer_overflow_and_bad_date_are_type_errors() -> None:
         b'{"small": 2, "day": "2024-01-01 10:00:00"}',
         b'{"small": 3, "day": "2024-01-02"}',
     ]
-    decoded = make_decoder("json", schema).decode_columns(columns(values))
+    decoded = make_decoder(Format.JSON, schema).decode_columns(columns(values))
     assert decoded.rows["small"].to_pylist() == [1, 3]
     assert decoded.rows["day"].to_pylist() == [None, dt.date(2024, 1, 2)]
     dead = dead_by_offset(decoded.dead_letters)
@@ -129,7 +130,7 @@ def test_raw_newlines_are_legal_only_between_tokens() -> None:
     pretty = b'{\n  "id": 1,\r\n  "name": "pretty",\n  "day": "2024-03-01"\n}'
     newline_in_string = b'{"id": 2, "name": "a\nb", "day": "2024-03-01"}'
     two_objects = good(3) + b" " + good(4)
-    decoded = make_decoder("json", SCHEMA).decode_columns(
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(
         columns([good(0), pretty, newline_in_string, two_objects, good(5)])
     )
     assert decoded.rows["id"].to_pylist() == [0, 1, 5]
@@ -142,14 +143,14 @@ def test_raw_newlines_are_legal_only_between_tokens() -> None:
 def test_one_bad_message_among_ten_thousand_is_isolated() -> None:
     values: list[bytes | None] = [good(i) for i in range(10_000)]
     values[6_789] = b'{"id": 1.5, "name": "float id", "day": "2024-03-01"}'
-    decoded = make_decoder("json", SCHEMA).decode_columns(columns(values, first=0))
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(columns(values, first=0))
     assert decoded.rows.num_rows == 9_999
     assert dead_by_offset(decoded.dead_letters).keys() == {6_789}
     assert decoded.rows["id"].to_pylist() == [i for i in range(10_000) if i != 6_789]
 
 
 def test_unknown_fields_are_ignored_and_optional_fields_default_to_null() -> None:
-    decoded = make_decoder("json", SCHEMA).decode_columns(
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(
         columns([b'{"id": 1, "name": "a", "day": "2024-03-01", "extra": [1, {"x": 2}]}'])
     )
     assert decoded.rows["score"].to_pylist() == [None]
@@ -157,7 +158,7 @@ def test_unknown_fields_are_ignored_and_optional_fields_default_to_null() -> Non
 
 
 def test_skip_policy_drops_bad_messages_and_counts_them() -> None:
-    decoder = make_decoder("json", SCHEMA, DecodeOptions(on_error="skip"))
+    decoder = make_decoder(Format.JSON, SCHEMA, DecodeOptions(on_error=OnError.SKIP))
     decoded = decoder.decode_columns(columns([good(0), b"nope", good(2)]))
     assert decoded.rows["_offset"].to_pylist() == [100, 102]
     assert decoded.dead_letters is None
@@ -166,7 +167,7 @@ def test_skip_policy_drops_bad_messages_and_counts_them() -> None:
 
 
 def test_fail_policy_raises_naming_the_first_bad_offset() -> None:
-    decoder = make_decoder("json", SCHEMA, DecodeOptions(on_error="fail"))
+    decoder = make_decoder(Format.JSON, SCHEMA, DecodeOptions(on_error=OnError.FAIL))
     with pytest.raises(DecodeError, match=r"cannot decode events\[3\] offset 101: .*JSON parse"):
         decoder.decode_columns(columns([good(0), b"nope", b"also bad"], partition=3))
 
@@ -181,7 +182,7 @@ def test_ranges_cover_each_partition_of_an_interleaved_batch() -> None:
         keys=[None] * n,
         values=[good(i) for i in range(n)],
     )
-    decoded = make_decoder("json", SCHEMA).decode_columns(cols)
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(cols)
     assert decoded.ranges == {("t", 0): (5, 7), ("t", 1): (40, 41), ("t", 2): (7, 7)}
     assert decoded.rows["_partition"].to_pylist() == [0, 1, 0, 1, 2, 0]
     assert decoded.rows["_timestamp"][0].as_py() == dt.datetime(1970, 1, 1)
@@ -189,13 +190,13 @@ def test_ranges_cover_each_partition_of_an_interleaved_batch() -> None:
 
 def test_raw_decoder_keeps_the_value_and_rejects_invalid_utf8() -> None:
     schema = PipelineSchema.of([("line", "String")])
-    decoded = make_decoder("raw", schema).decode_columns(
+    decoded = make_decoder(Format.RAW, schema).decode_columns(
         columns([b"hello", b"multi\nline", b"\xc3\x28", "h\u00e9".encode()])
     )
     assert decoded.rows["line"].to_pylist() == ["hello", "multi\nline", "h\u00e9"]
     assert list(dead_by_offset(decoded.dead_letters)) == [102]
     with pytest.raises(SchemaError, match="exactly one declared column of type String"):
-        make_decoder("raw", PipelineSchema.of([("n", "Int32")]))
+        make_decoder(Format.RAW, PipelineSchema.of([("n", "Int32")]))
 
 
 def test_csv_decoder_parses_typed_fields_and_isolates_bad_rows() -> None:
@@ -209,7 +210,7 @@ def test_csv_decoder_parses_typed_fields_and_isolates_bad_rows() -> None:
         b"4,dave",  # too few fields
         b'5,"multi\nline",2024-01-05 00:00:00,false',
     ]
-    decoded = make_decoder("csv", schema).decode_columns(columns(values))
+    decoded = make_decoder(Format.CSV, schema).decode_columns(columns(values))
     assert decoded.rows["id"].to_pylist() == [1, 2, 5]
     assert decoded.rows["name"].to_pylist() == ["alice", 'bob, "the" builder', "multi\nline"]
     assert decoded.rows["at"][0].as_py() == dt.datetime(2024, 1, 1, 0, 0, 0, 250000)
@@ -218,7 +219,7 @@ def test_csv_decoder_parses_typed_fields_and_isolates_bad_rows() -> None:
 
 
 def test_decoding_an_empty_batch_gives_an_empty_typed_batch() -> None:
-    decoded = make_decoder("json", SCHEMA).decode_columns(columns([]))
+    decoded = make_decoder(Format.JSON, SCHEMA).decode_columns(columns([]))
     assert decoded.rows.num_rows == 0
     assert decoded.rows.schema == SCHEMA.arrow_schema()
     assert decoded.ranges == {}
@@ -226,7 +227,7 @@ def test_decoding_an_empty_batch_gives_an_empty_typed_batch() -> None:
 
 def test_array_of_dates_is_cast_and_checked() -> None:
     schema = PipelineSchema.of([("days", "Array(Date)")])
-    decoded = make_decoder("json", schema).decode_columns(
+    decoded = make_decoder(Format.JSON, schema).decode_columns(
         columns([b'{"days": ["2024-01-01", "2024-01-02"]}', b'{"days": ["2024-01-01 01:00:00"]}'])
     )
     assert decoded.rows["days"].to_pylist() == [[dt.date(2024, 1, 1), dt.date(2024, 1, 2)]]
@@ -239,7 +240,7 @@ def test_array_of_dates_is_cast_and_checked() -> None:
     ("format", "schema", "values", "kept", "dead"),
     [
         (
-            "json",
+            Format.JSON,
             SCHEMA,
             [good(0), good(1) + b" " + good(2), b" \t ", b"\n", good(3)],
             [(0, 100), (3, 104)],
@@ -250,7 +251,7 @@ def test_array_of_dates_is_cast_and_checked() -> None:
             },
         ),
         (
-            "csv",
+            Format.CSV,
             PipelineSchema.of([("id", "UInt32"), ("name", "String")]),
             [b"1,a", b"2,b\n3,c", b"\r\n", b"4,d"],
             [(1, 100), (4, 103)],
@@ -284,7 +285,7 @@ def test_a_json_null_message_is_a_dead_letter_not_a_row_or_a_crash(first: bool) 
     values = [b" null\n", b'{"id": 1}', b"nope", b"null {}", b'{"id": 2}']
     if not first:
         values = values[1:] + values[:1]
-    decoded = make_decoder("json", schema).decode_columns(columns(values))
+    decoded = make_decoder(Format.JSON, schema).decode_columns(columns(values))
     assert decoded.rows["id"].to_pylist() == [1, 2]
     dead = dead_by_offset(decoded.dead_letters)
     null_offsets = [100 + i for i, v in enumerate(values) if v.lstrip().startswith(b"null")]

@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from hakafka.consumer import (
     ConsumerMetrics,
+    Format,
     OffsetOutOfRangeError,
+    OutOfRange,
     PartitionConsumer,
     PipelineSchema,
     ShardAssignment,
@@ -149,7 +151,7 @@ def test_new_partitions_are_picked_up_without_restart(kafka, topic_prefix) -> No
 def test_offset_beyond_the_log_fails_naming_partition_and_offsets(kafka, new_topic) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap, topic, [(1, b"x")] * 5)
-    consumer = PartitionConsumer(kafka.bootstrap, topic, [0, 1], out_of_range="fail")
+    consumer = PartitionConsumer(kafka.bootstrap, topic, [0, 1], out_of_range=OutOfRange.FAIL)
     try:
         consumer.assign({0: 0, 1: 500})
         with pytest.raises(OffsetOutOfRangeError) as caught:
@@ -169,7 +171,11 @@ def test_offset_out_of_range_earliest_policy_resets_loudly_and_counts(
     registry = CollectorRegistry()
     metrics = ConsumerMetrics.create(registry)
     consumer = PartitionConsumer(
-        kafka.bootstrap, topic, [0], out_of_range="earliest", on_reset=metrics.on_offset_reset
+        kafka.bootstrap,
+        topic,
+        [0],
+        out_of_range=OutOfRange.EARLIEST,
+        on_reset=metrics.on_offset_reset,
     )
     try:
         consumer.assign({0: 99})
@@ -228,7 +234,7 @@ def test_good_and_bad_json_from_the_broker_decode_with_exact_dead_letters(
         messages = consume_until(consumer, lambda m: len(m) >= 20)
     finally:
         consumer.close()
-    decoded = make_decoder("json", schema).decode(messages)
+    decoded = make_decoder(Format.JSON, schema).decode(messages)
     rows = list(
         zip(
             decoded.rows["_partition"].to_pylist(),

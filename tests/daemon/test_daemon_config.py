@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from hakafka.config import ConfigError, load_config
+from hakafka.config import (
+    ClickHouseConfig,
+    Config,
+    ConfigError,
+    KafkaConfig,
+    NodeServerConfig,
+    PipelineBufferConfig,
+    PipelineConfig,
+    PipelineWalConfig,
+    SparkConfig,
+    ZooKeeperConfig,
+    load_config,
+    parse_config,
+)
+from hakafka.consumer import Format, OnError, OutOfRange
+from spark_bridge.tables import Engine
+from wal import FsyncPolicy
 
 GOOD = """
 node = "node-1"
@@ -75,7 +92,9 @@ def test_good_config_parses(tmp_path: Path) -> None:
     assert config.pipelines[0].meta_columns[:2] == ("_partition", "_offset")
     assert config.pipelines[0].dead_letter_table == "events_dead_letter"
     assert str(config.clickhouse.replicas[0]["node-2"]) == "127.0.0.1:8124"
-    assert config.pipelines[0].wal.fsync == "always"
+    assert config.pipelines[0].wal.fsync is FsyncPolicy.ALWAYS
+    assert config.pipelines[0].on_error is OnError.DEAD_LETTER
+    assert config.clickhouse.engine is Engine.REPLICATED_MERGE_TREE
     assert config.pipelines[0].buffer.max_rows == 100
 
 
@@ -200,7 +219,54 @@ def test_merge_tree_needs_one_server_per_shard(tmp_path: Path) -> None:
     same = GOOD.replace('engine = "ReplicatedMergeTree"\n', "").replace(
         "http://127.0.0.1:8124", "127.0.0.1:8123"
     )
-    assert load_config(write(tmp_path, same)).clickhouse.engine == "MergeTree"
+    assert load_config(write(tmp_path, same)).clickhouse.engine is Engine.MERGE_TREE
+
+
+def test_every_choice_names_the_enum_values(tmp_path: Path) -> None:
+    text = (
+        GOOD.replace('engine = "ReplicatedMergeTree"', 'engine = "Log"')
+        .replace(
+            'bootstrap = "127.0.0.1:9092"', 'bootstrap = "127.0.0.1:9092"\nout_of_range = "latest"'
+        )
+        .replace('on_error = "dead_letter"', 'on_error = "dead_letter"\nformat = "avro"')
+    )
+    problems = problems_of(tmp_path, text)
+    for line in (
+        "clickhouse.engine: must be one of MergeTree, ReplicatedMergeTree; got 'Log'",
+        "kafka.out_of_range: must be one of fail, earliest; got 'latest'",
+        "pipelines[0].format: must be one of json, raw, csv; got 'avro'",
+    ):
+        assert line in problems, (line, problems)
+
+
+def test_left_out_keys_take_the_dataclass_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in os.environ:
+        if name.startswith("HAKAFKA_"):  # secrets and Kafka settings from the environment
+            monkeypatch.delenv(name)
+    config = parse_config(
+        {
+            "node": "n1",
+            "shards": [0],
+            "zookeeper": {"hosts": "zk:2181"},
+            "kafka": {"bootstrap": "k:9092"},
+            "clickhouse": {"replicas": {"0": {"n1": "ch:8123"}}},
+            "pipelines": [{"name": "p", "topic": "t", "table": "p", "columns": {"v": "Int64"}}],
+        }
+    )
+    assert (config.shard_count, config.data_dir) == (Config.shard_count, Config.data_dir)
+    assert config.zookeeper == ZooKeeperConfig(hosts="zk:2181")
+    assert config.kafka == KafkaConfig(bootstrap="k:9092")
+    assert config.kafka.out_of_range is OutOfRange.FAIL
+    assert config.clickhouse == ClickHouseConfig(replicas=config.clickhouse.replicas)
+    assert (config.spark, config.server) == (SparkConfig(), NodeServerConfig())
+    (pipeline,) = config.pipelines
+    # _partition and _offset move first: the one difference from the declared default.
+    assert set(pipeline.meta_columns) == set(PipelineConfig.meta_columns)
+    assert pipeline == PipelineConfig(
+        name="p", topic="t", table="p", columns=pipeline.columns, meta_columns=pipeline.meta_columns
+    )
+    assert (pipeline.buffer, pipeline.wal) == (PipelineBufferConfig(), PipelineWalConfig())
+    assert (pipeline.format, pipeline.on_error) == (Format.JSON, OnError.DEAD_LETTER)
 
 
 def config_check(path: Path) -> subprocess.CompletedProcess[str]:

@@ -113,3 +113,17 @@ def test_slice_handoff_serves_each_slice_by_its_ticket_only() -> None:
         assert second["v"].to_pylist() == list(range(4, 10))
         with pytest.raises(flight.FlightUnauthorizedError, match="unknown block slice ticket"):
             list(fetch_slice(handoff.location, b"guessed-ticket"))
+
+
+def test_spark_bridge_flush_stays_the_function_once_its_submodule_is_imported() -> None:
+    # The package imports names on first use; the submodule `spark_bridge.flush` must not
+    # shadow the function `spark_bridge.flush`, whichever is imported first.
+    import importlib
+
+    import spark_bridge
+
+    module = importlib.import_module("spark_bridge.flush")
+    assert spark_bridge.flush is module.flush
+    from spark_bridge import flush
+
+    assert flush is module.flush and callable(flush)

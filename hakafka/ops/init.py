@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hakafka.config import Config
-from hakafka.daemon import pipeline_schema
 from hakafka.ops.cluster import connect
-from hakafka.sink import PipelineSink, shard_replicas
+from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
+from spark_bridge.tables import ensure_table
 
 
 def initialize(config: Config) -> list[str]:
@@ -15,13 +15,20 @@ def initialize(config: Config) -> list[str]:
     with connect(config) as coordinator:
         coordinator.init_paths(shards)
     done.append(f"zookeeper: layout for shards {list(shards)} under {config.zookeeper.root}")
+    connection = connection_of(config)
     for pipeline in config.pipelines:
-        sink = PipelineSink(config, pipeline, pipeline_schema(pipeline))
+        specs = table_specs(config, pipeline, pipeline_schema(pipeline))
         for shard in shards:
             if shard not in config.clickhouse.replicas:
                 continue
             replicas = shard_replicas(config, shard, lambda r: r)
-            sink.ensure_tables(replicas)
+            for replica in replicas:
+                client = connection.client(replica.host, replica.port)
+                try:
+                    for spec in specs:
+                        ensure_table(client, spec)
+                finally:
+                    client.close()
             where = ", ".join(f"{r.name} ({r.host}:{r.port})" for r in replicas)
             done.append(
                 f"clickhouse: {config.clickhouse.database}.{pipeline.table} and "

@@ -127,9 +127,7 @@ class ShardRunner:
         (a thread of it made no step for `stuck_after_s`) while leading."""
         now = time.monotonic()
         return self._thread.is_alive() and all(
-            p.status.state in ("starting", "recovering", "consuming")
-            and p.stalled_for(now) < self._stuck_after
-            for p in self.pipelines
+            p.status.state.live and p.stalled_for(now) < self._stuck_after for p in self.pipelines
         )
 
     def _loop(self) -> None:
@@ -161,7 +159,7 @@ class ShardRunner:
         for index, p in enumerate(self.pipelines):
             if p.running or not p.status.restartable:
                 continue
-            name = p.pipeline.name
+            name = p.config.name
             restarts = self._restarts.setdefault(name, _Restarts())
             if restarts.last_at is not None and now - restarts.last_at > RESTART_RESET_S:
                 restarts.count = 0
@@ -184,7 +182,7 @@ class ShardRunner:
         """One `pipeline.stuck` event when a pipeline stops stepping, one `pipeline.unstuck`
         if it steps again."""
         for p in self.pipelines:
-            name, stalled = p.pipeline.name, p.stalled_for(now)
+            name, stalled = p.config.name, p.stalled_for(now)
             if stalled >= self._stuck_after and name not in self._stuck:
                 self._stuck.add(name)
                 self._log.error(
@@ -204,7 +202,7 @@ class ShardRunner:
         failed = self.pipelines[index]
         failed.stop(0.0)
         try:
-            (pipeline,) = self._make_pipelines(self.leadership, failed.pipeline.name)
+            (pipeline,) = self._make_pipelines(self.leadership, failed.config.name)
         except FencedError as exc:
             self._log.warning("leader.term_already_over", error=str(exc))
             return False
@@ -215,7 +213,7 @@ class ShardRunner:
         pipeline.start()
         self._log.info(
             "pipeline.restarted",
-            pipeline=pipeline.pipeline.name,
+            pipeline=pipeline.config.name,
             attempt=restarts.count,
             after_error=failed.status.error,
         )
@@ -271,6 +269,7 @@ class ShardRunner:
         threading.Thread(
             target=self._announce_consuming,
             args=(leadership, list(self.pipelines)),
+            name=f"announce-{self.shard}",
             daemon=True,
         ).start()
 
@@ -293,5 +292,5 @@ class ShardRunner:
         for p in pipelines:
             clean = p.stop(grace)
             self._log.info(
-                "pipeline.stopped_by_shard", pipeline=p.pipeline.name, reason=reason, clean=clean
+                "pipeline.stopped_by_shard", pipeline=p.config.name, reason=reason, clean=clean
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from buffer import OffsetRange as R
-from hakafka.replay import ReplayCursor, WalIndex, checkpoint_offsets, covers, select_rows
+from hakafka.pipeline.replay import ReplayCursor, WalIndex, checkpoint_offsets, covers, select_rows
 from wal import Position
 
 

@@ -1,25 +1,29 @@
-"""The node's view of itself, as `/status` returns it and `hakafka status` shows it."""
+"""The node's view of itself, as `/status` returns it and `hakafka status` shows it.
+
+Built from the parts the daemon holds (its shard runners and coordinator), not from the
+daemon itself: this module does not import `node.py`.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
+from hakafka.coordination import Coordinator
+from hakafka.daemon.shard import ShardRunner
 from hakafka.pipeline import PipelineLeader
-
-if TYPE_CHECKING:
-    from hakafka.daemon import Daemon
 
 
 def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
     s = p.status
     stats = p.buffer.rows.stats()
     return {
-        "name": p.pipeline.name,
+        "name": p.config.name,
         # What SQL calls this buffer: `<pipeline>`, or `<pipeline>_shard<N>` on a node that
         # leads several shards.
         "query_table": p.buffer.rows.name,
-        "topic": p.pipeline.topic,
+        "topic": p.config.topic,
         "state": s.state,
         "error": s.error,
         "restarts": s.restarts,
@@ -40,10 +44,17 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
     }
 
 
-def node_status(daemon: Daemon) -> dict[str, Any]:
-    """Role, epoch and pipelines of every shard this node serves."""
+def node_status(
+    *,
+    node: str,
+    runners: Sequence[ShardRunner],
+    coordinator: Coordinator,
+    started_at: float,
+    healthy: bool,
+) -> dict[str, Any]:
+    """Role, epoch and pipelines of every shard this node serves (`runners`)."""
     shards = []
-    for runner in daemon.runners:
+    for runner in runners:
         leadership = runner.leadership
         shards.append(
             {
@@ -56,11 +67,11 @@ def node_status(daemon: Daemon) -> dict[str, Any]:
             }
         )
     return {
-        "node": daemon.config.node,
-        "version": daemon.coordinator.endpoints.version,
-        "pid": daemon.coordinator.endpoints.pid,
-        "uptime_s": round(time.time() - daemon.started_at, 1),
-        "zookeeper_connected": daemon.coordinator.connected,
-        "healthy": daemon.healthy(),
+        "node": node,
+        "version": coordinator.endpoints.version,
+        "pid": coordinator.endpoints.pid,
+        "uptime_s": round(time.time() - started_at, 1),
+        "zookeeper_connected": coordinator.connected,
+        "healthy": healthy,
         "shards": shards,
     }

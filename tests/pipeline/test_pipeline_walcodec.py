@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from buffer import OffsetRange
-from hakafka.walcodec import WalBatch, WalRecordError, decode, encode
+from hakafka.pipeline.walcodec import WalBatch, WalRecordError, decode, encode
 from wal import WriteAheadLog
 
 

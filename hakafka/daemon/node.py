@@ -1,4 +1,4 @@
-"""`hakafka run`: the daemon process of one node.
+"""The daemon process of one node (`Daemon`).
 
 Start-up: validate the config (done by the caller), open the query services (Flight, and
 the admin HTTP endpoint with /health /ready /status /metrics /query), connect to ZooKeeper,
@@ -21,33 +21,28 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from types import FrameType
-from typing import Any, cast
 
 import pyarrow as pa
 import structlog
-from pyspark.sql import SparkSession
 
 from buffer import Catalog, QueryLimits, SqlEngine
 from buffer.client import query as remote_query
 from buffer.flight import FlightQueryServer
 from buffer.http import HttpQueryServer, Route
 from hakafka import __version__
-from hakafka.config import Config, PipelineConfig
-from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
-from hakafka.consumer.decode import Format, OnError
-from hakafka.coordination import Coordinator, Leadership, NodeInfo, ZkConfig
+from hakafka.config import Config
+from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.daemon.report import node_status
+from hakafka.daemon.shard import ShardRunner
+from hakafka.daemon.wiring import PipelineFactory
 from hakafka.faults import CrashPlan
 from hakafka.logs import LogSink
 from hakafka.metrics import Metrics
-from hakafka.pipeline import PipelineLeader
 from hakafka.sdnotify import Notifier
-from hakafka.shard import ShardRunner
-from hakafka.sink import PipelineSink, shard_replicas
-from hakafka.status import node_status
-from spark_bridge import SparkRuntime, SparkSettings
+from hakafka.settings import spark_settings, zk_config
+from spark_bridge import SparkRuntime
 
 log = structlog.get_logger("hakafka.daemon")
 
@@ -86,50 +81,6 @@ def use_jemalloc() -> None:
         log.warning("arrow.no_jemalloc", pool=pa.default_memory_pool().backend_name)
 
 
-def pipeline_schema(pipeline: PipelineConfig) -> PipelineSchema:
-    return PipelineSchema.of(
-        [(c.name, c.clickhouse_type) for c in pipeline.columns], pipeline.meta_columns
-    )
-
-
-def zk_config(config: Config) -> ZkConfig:
-    z = config.zookeeper
-    return ZkConfig(
-        hosts=z.hosts,
-        root=z.root,
-        session_timeout_s=z.session_timeout,
-        connect_timeout_s=z.connect_timeout,
-        request_timeout_s=z.request_timeout,
-        auth=(z.auth_user, z.auth_password.value) if z.auth_user else None,
-    )
-
-
-def spark_settings(config: Config) -> SparkSettings:
-    s = config.spark
-    return SparkSettings(
-        master=s.master,
-        remote=s.remote or None,
-        app_name=f"hakafka-{config.node}",
-        driver_memory=s.driver_memory,
-        conf=dict(s.conf),
-    )
-
-
-@dataclass
-class _Pipelines:
-    """What every leadership term of a pipeline reuses: schema, decoder, sink."""
-
-    config: PipelineConfig
-    schema: PipelineSchema
-    sink: PipelineSink
-
-    def decoder(self) -> Decoder:
-        """A fresh decoder for a new leadership term."""
-        on_error = cast(OnError, self.config.on_error)  # validated by the config loader
-        options = DecodeOptions(on_error=on_error, max_message_bytes=self.config.max_message_bytes)
-        return make_decoder(cast(Format, self.config.format), self.schema, options)
-
-
 class Daemon:
     """One node of a hakafka cluster."""
 
@@ -146,10 +97,6 @@ class Daemon:
         self._stop = threading.Event()
         self._signals: list[str] = []  # names of the stop signals received
         self._reopen_logs = threading.Event()
-        self._pipelines = [
-            _Pipelines(p, pipeline_schema(p), PipelineSink(config, p, pipeline_schema(p)))
-            for p in config.pipelines
-        ]
         token = config.server.token.value or None
         flight_ep, http_ep = config.server.flight, config.server.http
         with _listening("server.flight", str(flight_ep)):
@@ -182,11 +129,19 @@ class Daemon:
                 version=__version__,
             ),
         )
+        pipelines = PipelineFactory(
+            config,
+            self.coordinator,
+            self.spark.start,
+            catalog=self.catalog,
+            metrics=self.metrics,
+            crash=self.crash,
+        )
         self.runners = [
             ShardRunner(
                 shard,
                 self.coordinator,
-                self._pipelines_for(shard),
+                pipelines.for_shard(shard),
                 metrics=self.metrics,
                 flush_grace_s=FLUSH_GRACE_S,
                 stuck_after_s=config.server.stuck_after,
@@ -194,44 +149,6 @@ class Daemon:
             )
             for shard in config.shards
         ]
-
-    # -- composition -----------------------------------------------------------------------
-
-    def _spark_session(self) -> SparkSession:
-        return self.spark.start()
-
-    def _replicas_for(self, shard: int) -> Callable[[], Any]:
-        def replicas() -> Any:
-            return shard_replicas(
-                self.config, shard, lambda r: self.coordinator.writable_replicas(shard, r)
-            )
-
-        return replicas
-
-    def _pipelines_for(
-        self, shard: int
-    ) -> Callable[[Leadership, str | None], list[PipelineLeader]]:
-        def make(leadership: Leadership, only: str | None) -> list[PipelineLeader]:
-            fenced = leadership.fenced()  # one token for the whole term
-            return [
-                PipelineLeader(
-                    config=self.config,
-                    pipeline=p.config,
-                    shard=shard,
-                    decoder=p.decoder(),
-                    sink=p.sink,
-                    fenced=fenced,
-                    spark=self._spark_session,
-                    replicas=self._replicas_for(shard),
-                    catalog=self.catalog,
-                    metrics=self.metrics,
-                    crash=self.crash,
-                )
-                for p in self._pipelines
-                if only is None or p.config.name == only
-            ]
-
-        return make
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -351,7 +268,7 @@ class Daemon:
         self.metrics.checkpoint_lag.clear()
         for runner in self.runners:
             for p in runner.pipelines:
-                labels = {"pipeline": p.pipeline.name, "shard": str(runner.shard)}
+                labels = {"pipeline": p.config.name, "shard": str(runner.shard)}
                 positions = p.positions()
                 checkpoint = p.status.checkpoint
                 for partition, behind in p.lag().items():
@@ -369,7 +286,14 @@ class Daemon:
     def _status_route(self) -> tuple[int, str, bytes]:
         import json
 
-        return 200, "application/json", json.dumps(node_status(self), default=str).encode()
+        status = node_status(
+            node=self.config.node,
+            runners=self.runners,
+            coordinator=self.coordinator,
+            started_at=self.started_at,
+            healthy=self.healthy(),
+        )
+        return 200, "application/json", json.dumps(status, default=str).encode()
 
     def _metrics_route(self) -> tuple[int, str, bytes]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

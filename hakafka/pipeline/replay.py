@@ -15,6 +15,7 @@ offset range per partition. Three questions are answered here, without touching 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from buffer import OffsetRange
+from hakafka.pipeline.walcodec import WalBatch
 from wal import Position
 
 # partition -> next offset to read; a pipeline reads one topic.
@@ -84,6 +86,51 @@ def covers(records: Iterable[PartitionRanges], wanted: PartitionRanges) -> bool:
     return True
 
 
+def pending_rows(
+    batches: Iterable[WalBatch],
+    topic: str,
+    wanted: PartitionRanges,
+    rows_schema: pa.Schema,
+) -> tuple[pa.Table, pa.Table | None]:
+    """The rows and dead letters of exactly `wanted` found in `batches` (WAL records, in
+    order): each (`_partition`, `_offset`) once, sorted by them."""
+    rows, dead = [], []
+    for batch in batches:
+        keep = {}
+        for (t, p), rng in batch.ranges.items():
+            need = wanted.get(p)
+            if (
+                t == topic
+                and need is not None
+                and rng.last >= need.first
+                and rng.first <= need.last
+            ):
+                keep[p] = OffsetRange(max(rng.first, need.first), min(rng.last, need.last))
+        if keep:
+            rows.append(select_rows(batch.rows, keep))
+            if batch.dead_letters is not None:
+                dead.append(select_rows(batch.dead_letters, keep))
+    # Several WAL records may hold the same offsets (consumed again after a gap): keep one.
+    table = dedup_offsets(pa.Table.from_batches(rows, schema=rows_schema))
+    dead_table = dedup_offsets(pa.Table.from_batches(dead)) if dead else None
+    return table, dead_table
+
+
+def dedup_offsets(table: pa.Table) -> pa.Table:
+    """Rows with distinct (`_partition`, `_offset`), first occurrence kept, sorted."""
+    if table.num_rows == 0:
+        return table
+    table = table.sort_by([("_partition", "ascending"), ("_offset", "ascending")])
+    p = table.column("_partition").combine_chunks()
+    o = table.column("_offset").combine_chunks()
+    if len(p) < 2:
+        return table
+    same = pc.and_(pc.equal(p[1:], p[:-1]), pc.equal(o[1:], o[:-1]))
+    keep = pc.invert(pc.fill_null(same, False))
+    mask = pa.concat_arrays([pa.array([True]), keep])
+    return table.filter(mask)
+
+
 def select_rows(batch: pa.RecordBatch, keep: PartitionRanges) -> pa.RecordBatch:
     """The rows of `batch` whose (`_partition`, `_offset`) fall in `keep`, in their order."""
     if not keep or batch.num_rows == 0:
@@ -100,14 +147,18 @@ def select_rows(batch: pa.RecordBatch, keep: PartitionRanges) -> pa.RecordBatch:
     return batch.filter(mask)
 
 
-@dataclass
 class WalIndex:
-    """Positions and offset ranges of the WAL records this pipeline may still need."""
+    """Positions and offset ranges of the WAL records this pipeline may still need.
 
-    entries: list[tuple[Position, PartitionRanges]] = field(default_factory=list)
+    Safe to share between the consume thread (adds) and the flush thread (truncates)."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Position, PartitionRanges]] = []
+        self._lock = threading.Lock()
 
     def add(self, position: Position, ranges: PartitionRanges) -> None:
-        self.entries.append((position, ranges))
+        with self._lock:
+            self._entries.append((position, ranges))
 
     def truncation_point(self, committed: Mapping[int, int]) -> Position | None:
         """A position such that every record before it is wholly below `committed`.
@@ -115,12 +166,14 @@ class WalIndex:
         It is the first record that still has an offset at or past `committed` (or the last
         record, when none has); entries before it are forgotten. None if nothing is indexed.
         """
-        if not self.entries:
-            return None
-        cut = len(self.entries) - 1
-        for i, (_, ranges) in enumerate(self.entries):
-            if any(rng.last >= committed.get(p, 0) for p, rng in ranges.items()):
-                cut = i
-                break
-        del self.entries[:cut]
-        return self.entries[0][0]
+        with self._lock:
+            entries = self._entries
+            if not entries:
+                return None
+            cut = len(entries) - 1
+            for i, (_, ranges) in enumerate(entries):
+                if any(rng.last >= committed.get(p, 0) for p, rng in ranges.items()):
+                    cut = i
+                    break
+            del entries[:cut]
+            return entries[0][0]

@@ -1,0 +1,125 @@
+"""Builds each leadership term's `PipelineLeader`s with their real parts.
+
+A pipeline's schema and sink live as long as the daemon; a term gets a fresh decoder, its
+own fenced view of ZooKeeper, and a consumer and WAL opened on its pipeline thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from buffer import Catalog
+from hakafka.config import Config, PipelineConfig
+from hakafka.consumer import PartitionConsumer, PipelineSchema
+from hakafka.coordination import Coordinator, Leadership
+from hakafka.faults import CrashPlan
+from hakafka.metrics import Metrics
+from hakafka.pipeline import PipelineLeader, PipelineParts
+from hakafka.pipeline.parts import Consumer, Fenced, Wal
+from hakafka.pipeline.refetch import KafkaRefetch
+from hakafka.pipeline.sink import PipelineSink
+from hakafka.settings import (
+    decoder_of,
+    pipeline_schema,
+    shard_assignment,
+    shard_replicas,
+    wal_dir,
+)
+from spark_bridge.replicas import Replica
+from wal import WriteAheadLog
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    """What every term of one pipeline reuses."""
+
+    config: PipelineConfig
+    schema: PipelineSchema
+    sink: PipelineSink
+
+
+class PipelineFactory:
+    """Makes the pipelines of a shard's term, unstarted."""
+
+    def __init__(
+        self,
+        config: Config,
+        coordinator: Coordinator,
+        spark: Callable[[], SparkSession],
+        *,
+        catalog: Catalog,
+        metrics: Metrics,
+        crash: CrashPlan,
+    ) -> None:
+        self._config = config
+        self._coordinator = coordinator
+        self._catalog = catalog
+        self._metrics = metrics
+        self._crash = crash
+        self._pipelines = [
+            _Pipeline(p, schema, PipelineSink(config, p, schema, spark))
+            for p in config.pipelines
+            for schema in (pipeline_schema(p),)
+        ]
+
+    def for_shard(self, shard: int) -> Callable[[Leadership, str | None], list[PipelineLeader]]:
+        """`make(leadership, only)`: the term's pipelines, or with `only` the one so named."""
+
+        def make(leadership: Leadership, only: str | None) -> list[PipelineLeader]:
+            fenced = leadership.fenced()  # one token for the whole term
+            return [
+                PipelineLeader(
+                    config=p.config,
+                    shard=shard,
+                    decoder=decoder_of(p.config, p.schema),
+                    parts=self._parts(p, shard, fenced),
+                    catalog=self._catalog,
+                    metrics=self._metrics,
+                    crash=self._crash,
+                )
+                for p in self._pipelines
+                if only is None or p.config.name == only
+            ]
+
+        return make
+
+    def _parts(self, p: _Pipeline, shard: int, fenced: Fenced) -> PipelineParts:
+        config, pipeline = self._config, p.config
+        kafka = config.kafka
+
+        def consumer() -> Consumer:
+            return PartitionConsumer(
+                kafka.bootstrap,
+                pipeline.topic,
+                shard_assignment(config, pipeline, shard),
+                settings=kafka.settings,
+                out_of_range=kafka.out_of_range,
+                group_id=f"hakafka-{config.node}",
+                on_reset=self._metrics.consumer.on_offset_reset,
+            )
+
+        def open_wal() -> Wal:
+            w = pipeline.wal
+            return WriteAheadLog.open(
+                wal_dir(config, shard, pipeline.name),
+                fsync=w.fsync,
+                segment_bytes=w.segment_bytes,
+                interval_ms=w.interval_ms,
+            )
+
+        def replicas() -> tuple[Replica, ...]:
+            return shard_replicas(
+                config, shard, lambda r: self._coordinator.writable_replicas(shard, r)
+            )
+
+        return PipelineParts(
+            consumer=consumer,
+            open_wal=open_wal,
+            refetch=KafkaRefetch(kafka.bootstrap, pipeline.topic, kafka.settings),
+            sink=p.sink,
+            fenced=fenced,
+            replicas=replicas,
+        )

@@ -1,0 +1,57 @@
+"""The daemon's metrics bound to one pipeline of one shard (labels `pipeline`, `shard`)."""
+
+from __future__ import annotations
+
+from hakafka.consumer import DecodedBatch, OnError
+from hakafka.metrics import Metrics
+from hakafka.pipeline.buffer import PipelineBuffer
+
+
+class PipelineMeters:
+    """Every metric a pipeline's lanes move, with the pipeline's labels applied once."""
+
+    def __init__(self, metrics: Metrics, pipeline: str, shard: int, on_error: OnError) -> None:
+        self._m = metrics
+        self._pipeline = pipeline
+        self._on_error = on_error
+        self._labels = {"pipeline": pipeline, "shard": str(shard)}
+
+    def consumed(
+        self,
+        decoded: DecodedBatch,
+        message_bytes: int,
+        wal_bytes: int,
+        wal_seconds: float,
+        synced: bool,
+    ) -> None:
+        """One consumed batch, appended to the WAL (and synced if `synced`)."""
+        m, labels = self._m, self._labels
+        m.consumed_bytes.labels(**labels).inc(message_bytes)
+        m.consumed_rows.labels(**labels).inc(decoded.rows.num_rows)
+        m.wal_bytes.labels(**labels).inc(wal_bytes)
+        m.wal_sync_seconds.labels(**labels).observe(wal_seconds)
+        if synced:
+            m.wal_syncs.labels(**labels).inc()
+        if decoded.bad:
+            m.consumer.count_decoded(self._pipeline, self._on_error, decoded)
+            if decoded.dead_letters is not None:
+                m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
+
+    def buffer(self, buffer: PipelineBuffer | None) -> None:
+        """Publish what `buffer` holds; None: the buffer was released (0)."""
+        rows = 0 if buffer is None else buffer.rows.row_count
+        nbytes = 0 if buffer is None else buffer.nbytes
+        self._m.buffer_rows.labels(**self._labels).set(rows)
+        self._m.buffer_bytes.labels(**self._labels).set(nbytes)
+
+    def backpressure(self, paused: bool) -> None:
+        self._m.backpressure.labels(**self._labels).set(1 if paused else 0)
+
+    def flush_failed(self) -> None:
+        self._m.flushes.labels(**self._labels, result="error").inc()
+
+    def flushed(self, rows: int, seconds: float) -> None:
+        m = self._m
+        m.flushes.labels(**self._labels, result="ok").inc()
+        m.flush_rows.labels(**self._labels).inc(rows)
+        m.flush_seconds.labels(**self._labels).observe(seconds)

@@ -1,0 +1,132 @@
+"""The parts a `PipelineLeader` is handed: small Protocols, so tests can pass in-memory fakes.
+
+The daemon passes the real ones (a `PartitionConsumer` factory, `WriteAheadLog.open`, a Kafka
+re-fetch, a `PipelineSink` flushing through Spark, the term's `FencedState`); the unit tests
+of the flush / commit / backpressure protocol pass fakes and drive the races by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+
+from buffer import OffsetRange
+from hakafka.consumer import Decoder
+from hakafka.consumer.messages import KafkaMessage
+from hakafka.coordination import Checkpoint, PendingIntent
+from hakafka.pipeline.buffer import PipelineBlock
+from spark_bridge.replicas import Replica
+from wal import Position, Record, RepairReport
+
+
+class ConsumedMessage(KafkaMessage, Protocol):
+    """A consumed message: what the decoders read, and its size (confluent_kafka.Message)."""
+
+    def __len__(self) -> int: ...
+
+
+class Consumer(Protocol):
+    """The low-level consumer of the shard's partitions of one topic (PartitionConsumer).
+
+    Called from the consume thread only (librdkafka handles are not shared)."""
+
+    def owned_partitions(self) -> list[int]: ...
+
+    def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
+        """Assign the owned partitions from these offsets (others from the reset policy)."""
+        ...
+
+    def consume(self, num_messages: int, timeout: float) -> Sequence[ConsumedMessage]: ...
+
+    def refresh_partitions(self) -> list[int]: ...
+
+    def pause(self, partitions: Iterable[int] | None = None) -> None: ...
+
+    def resume(self, partitions: Iterable[int] | None = None) -> None: ...
+
+    def position(self) -> dict[int, int]: ...
+
+    def lag(self) -> dict[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+class Wal(Protocol):
+    """The pipeline's write-ahead log (wal.WriteAheadLog)."""
+
+    directory: Path
+    repair_report: RepairReport
+
+    def append(self, header: bytes, payload: bytes | bytearray | memoryview) -> Position: ...
+
+    def sync(self) -> None: ...
+
+    def replay(self, start: Position | None = None) -> Iterator[Record]: ...
+
+    def truncate_before(self, position: Position) -> list[Path]: ...
+
+    def close(self) -> None: ...
+
+
+class Refetch(Protocol):
+    """Reads exact offset ranges of the pipeline's topic back from Kafka, decoded."""
+
+    def __call__(
+        self, ranges: Mapping[int, OffsetRange], decoder: Decoder
+    ) -> tuple[pa.Table, pa.Table | None]: ...
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """What ClickHouse acknowledged for one block."""
+
+    rows: int
+    dead_letters: int
+    replica: str | None
+
+
+class Sink(Protocol):
+    """Where the pipeline's blocks go: its two ClickHouse tables on the shard's replicas."""
+
+    def ensure_tables(self, replicas: tuple[Replica, ...]) -> None:
+        """Create both tables where missing; raise if one exists with other columns."""
+        ...
+
+    def flush(self, block: PipelineBlock, replicas: tuple[Replica, ...]) -> Flushed:
+        """Write the block idempotently (same block id, same dedup tokens); return once
+        ClickHouse acknowledged it, raise otherwise."""
+        ...
+
+
+class Fenced(Protocol):
+    """The term's view of the pipeline's ZooKeeper state (coordination.FencedState): every
+    write checks the epoch and raises FencedError once the term is over."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def read_checkpoint(self, pipeline: str) -> Checkpoint: ...
+
+    def read_pending(self, pipeline: str) -> PendingIntent | None: ...
+
+    def write_pending(self, pipeline: str, intent: PendingIntent) -> None: ...
+
+    def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint: ...
+
+
+@dataclass(frozen=True)
+class PipelineParts:
+    """Everything outside the process a leader touches, handed in by the daemon."""
+
+    consumer: Callable[[], Consumer]
+    """Builds the term's consumer (called once, on the consume thread's start)."""
+    open_wal: Callable[[], Wal]
+    refetch: Refetch
+    sink: Sink
+    fenced: Fenced
+    replicas: Callable[[], tuple[Replica, ...]]
+    """The shard's ClickHouse replicas, asked again before each flush (replacements change)."""

@@ -1,0 +1,97 @@
+"""A pipeline's state and what `status` shows of it; the signals its two threads share."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class PipelineState(StrEnum):
+    STARTING = "starting"
+    RECOVERING = "recovering"
+    CONSUMING = "consuming"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def live(self) -> bool:
+        """Starting, recovering or consuming: a leader in good health."""
+        return self in (PipelineState.STARTING, PipelineState.RECOVERING, PipelineState.CONSUMING)
+
+
+class PipelineStopped(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """The pipeline was asked to stop while waiting."""
+
+
+@dataclass
+class PipelineStatus:
+    """What `status` shows of a running pipeline."""
+
+    state: PipelineState = PipelineState.STARTING
+    error: str | None = None
+    last_flush_at: float | None = None
+    last_flush_rows: int = 0
+    last_flush_seconds: float = 0.0
+    pending_block: str | None = None
+    checkpoint: dict[int, int] = field(default_factory=dict)
+    replayed_rows: int = 0
+    refetched_rows: int = 0
+    restarts: int = 0
+    # False when a restart would fail the same way: a bad message with `on_error = "fail"`
+    # waits for ops (as a failed Kafka Connect task does), it is not retried.
+    restartable: bool = True
+
+    def enter(self, state: PipelineState, log: Any, **fields: object) -> None:
+        """Move to `state` and log `pipeline.<state>` (every change of state is logged)."""
+        self.state = state
+        level = "error" if state is PipelineState.FAILED else "info"
+        getattr(log, level)(f"pipeline.{state.value}", **fields)
+
+
+class Signals:
+    """The events the consume and flush lanes of one pipeline share, and their heartbeats.
+
+    - `stop`: the pipeline ends; every wait checks it.
+    - `gate`: set while side effects are allowed (cleared while ZooKeeper is suspended).
+    - `committed`: a flush committed, so batches held at the buffer limit may go in.
+    - `flush_idle`: no block is in flight (what `stop` waits for within its grace).
+    - `abandoned`: stop's grace ran out: the block in flight must not commit.
+    """
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.committed = threading.Event()
+        self.flush_idle = threading.Event()
+        self.flush_idle.set()
+        self.abandoned = threading.Event()
+        # Thread id -> monotonic time of its last step; a running thread that stops stepping
+        # (a hung disk, driver or call) makes the pipeline stuck.
+        self._beats: dict[int, float] = {}
+
+    def beat(self) -> None:
+        """The calling thread made a step."""
+        self._beats[threading.get_ident()] = time.monotonic()
+
+    def beats_end(self) -> None:
+        """The calling thread ended: it no longer counts towards `stalled_for`."""
+        self._beats.pop(threading.get_ident(), None)
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the least recent step of a running thread (0: none runs)."""
+        beats = list(self._beats.values())
+        return max(0.0, now - min(beats)) if beats else 0.0
+
+    def wait_gate(self) -> None:
+        """Return once side effects are allowed; PipelineStopped if the pipeline stops first,
+        or if the block in flight was abandoned."""
+        while not self.gate.wait(0.2):
+            self.beat()
+            if self.stop.is_set():
+                raise PipelineStopped("stopped while suspended")
+        if self.stop.is_set() and self.abandoned.is_set():
+            raise PipelineStopped("flush abandoned")

@@ -1,0 +1,159 @@
+"""The one place that turns a `Config` into each library's settings.
+
+ZooKeeper (`ZkConfig`), decoding (`PipelineSchema`, `DecodeOptions`, a fresh decoder),
+ClickHouse (`Connection`, the `TableSpec`s of a pipeline, a shard's `Replica`s), Spark
+(`SparkSettings`), the buffer's flush `Thresholds` and the directory of a pipeline's WAL.
+The daemon, the pipeline and the operator commands all build their libraries' objects from
+here. Nothing here imports pyspark: `spark_bridge.connection`, `.replicas`, `.runtime` and
+`.tables` are plain Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from buffer import Thresholds
+from hakafka.config import Config, PipelineConfig
+from hakafka.consumer import (
+    DEAD_LETTER_COLUMNS,
+    DecodeOptions,
+    Decoder,
+    PipelineSchema,
+    ShardAssignment,
+    make_decoder,
+)
+from hakafka.coordination import ZkConfig
+from spark_bridge.connection import Connection
+from spark_bridge.replicas import Replica
+from spark_bridge.runtime import SparkSettings
+from spark_bridge.tables import TableSpec
+
+DEAD_LETTER_ORDER_BY = "(_partition, _offset)"
+
+
+# -- ZooKeeper and Spark ---------------------------------------------------------------------
+
+
+def zk_config(config: Config) -> ZkConfig:
+    z = config.zookeeper
+    return ZkConfig(
+        hosts=z.hosts,
+        root=z.root,
+        session_timeout_s=z.session_timeout,
+        connect_timeout_s=z.connect_timeout,
+        request_timeout_s=z.request_timeout,
+        auth=(z.auth_user, z.auth_password.value) if z.auth_user else None,
+    )
+
+
+def spark_settings(config: Config) -> SparkSettings:
+    s = config.spark
+    return SparkSettings(
+        master=s.master,
+        remote=s.remote or None,
+        app_name=f"hakafka-{config.node}",
+        driver_memory=s.driver_memory,
+        conf=dict(s.conf),
+    )
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+
+def pipeline_schema(pipeline: PipelineConfig) -> PipelineSchema:
+    return PipelineSchema.of(
+        [(c.name, c.clickhouse_type) for c in pipeline.columns], pipeline.meta_columns
+    )
+
+
+def decode_options(pipeline: PipelineConfig) -> DecodeOptions:
+    return DecodeOptions(on_error=pipeline.on_error, max_message_bytes=pipeline.max_message_bytes)
+
+
+def decoder_of(pipeline: PipelineConfig, schema: PipelineSchema) -> Decoder:
+    """A fresh decoder of `pipeline` (one per leadership term)."""
+    return make_decoder(pipeline.format, schema, decode_options(pipeline))
+
+
+# -- buffer and WAL ------------------------------------------------------------------------
+
+
+def thresholds_of(pipeline: PipelineConfig) -> Thresholds:
+    b = pipeline.buffer
+    return Thresholds(
+        min_rows=b.min_rows,
+        max_rows=b.max_rows,
+        min_bytes=b.min_bytes,
+        max_bytes=b.max_bytes,
+        min_age_s=b.min_age,
+        max_age_s=b.max_age,
+    )
+
+
+def wal_dir(config: Config, shard: int, pipeline: str) -> Path:
+    return config.data_dir / "wal" / str(shard) / pipeline
+
+
+# -- ClickHouse ----------------------------------------------------------------------------
+
+
+def connection_of(config: Config) -> Connection:
+    ch = config.clickhouse
+    return Connection(
+        user=ch.user,
+        password=ch.password.value,
+        secure=ch.secure,
+        verify=ch.verify,
+        connect_timeout=min(10.0, ch.insert_timeout),
+    )
+
+
+def table_specs(
+    config: Config, pipeline: PipelineConfig, schema: PipelineSchema
+) -> tuple[TableSpec, TableSpec]:
+    """The target table and the dead-letter table of `pipeline`."""
+    ch = config.clickhouse
+    rows = TableSpec(
+        database=ch.database,
+        table=pipeline.table,
+        columns=tuple(schema.clickhouse_columns()),
+        order_by=pipeline.order_by,
+        partition_by=pipeline.partition_by or None,
+        ttl=pipeline.ttl or None,
+        engine=ch.engine,
+        dedup_window=ch.dedup_window,
+    )
+    dead = TableSpec(
+        database=ch.database,
+        table=pipeline.dead_letter_table,
+        columns=tuple(DEAD_LETTER_COLUMNS),
+        order_by=DEAD_LETTER_ORDER_BY,
+        engine=ch.engine,
+        dedup_window=ch.dedup_window,
+    )
+    return rows, dead
+
+
+def shard_replicas(
+    config: Config, shard: int, writable: Callable[[Mapping[str, str]], Mapping[str, str]]
+) -> tuple[Replica, ...]:
+    """The shard's ClickHouse replicas; `writable` filters out nodes under replacement."""
+    endpoints = config.clickhouse.replicas.get(shard, {})
+    allowed = writable({node: str(ep) for node, ep in endpoints.items()})
+    return tuple(
+        Replica(
+            name=node,
+            host=ep.host,
+            port=ep.port,
+            local=node == config.node,
+            writable=node in allowed,
+        )
+        for node, ep in sorted(endpoints.items())
+    )
+
+
+def shard_assignment(config: Config, pipeline: PipelineConfig, shard: int) -> ShardAssignment:
+    """Which partitions of the pipeline's topic `shard` consumes."""
+    explicit = pipeline.partitions.get(shard) if pipeline.partitions else None
+    return ShardAssignment(shard, config.shard_count, explicit)

@@ -1,0 +1,325 @@
+"""In-memory parts for `PipelineLeader`: a topic, its consumer, ZooKeeper's fenced state and a
+ClickHouse sink that deduplicates by block id as ClickHouse does by insert token."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
+
+from buffer import Catalog, OffsetRange
+from hakafka.config import Config, PipelineConfig, parse_config
+from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
+from hakafka.coordination import Checkpoint, FencedError, PendingIntent
+from hakafka.faults import CrashPlan
+from hakafka.metrics import Metrics
+from hakafka.pipeline import PipelineLeader, PipelineParts
+from hakafka.pipeline.buffer import PipelineBlock
+from hakafka.pipeline.parts import Flushed, Wal
+from spark_bridge.replicas import Replica
+from wal import WriteAheadLog
+
+TOPIC = "events"
+WAIT_S = 10.0
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    """Poll `condition` every 10 ms; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def pipeline_config(on_error: str = "dead_letter", **buffer: int | float) -> Config:
+    """A one-pipeline config whose buffer flushes as soon as a row is 10 ms old."""
+    settings: dict[str, int | float] = {"min_rows": 1, "min_bytes": 1, "min_age": 0.01}
+    settings.update(buffer)
+    settings.setdefault("limit_bytes", max(1 << 30, int(settings.get("max_bytes", 0))))
+    return parse_config(
+        {
+            "node": "n1",
+            "shards": [0],
+            "zookeeper": {"hosts": "127.0.0.1:1"},
+            "kafka": {"bootstrap": "127.0.0.1:1"},
+            "clickhouse": {"replicas": {"0": {"n1": "127.0.0.1:1"}}},
+            "pipelines": [
+                {
+                    "name": "events",
+                    "topic": TOPIC,
+                    "table": "events",
+                    "columns": {"user": "String", "amount": "Int64"},
+                    "on_error": on_error,
+                    "buffer": settings,
+                    "wal": {"fsync": "off"},
+                }
+            ],
+        }
+    )
+
+
+def decoder_for(config: PipelineConfig) -> Decoder:
+    schema = PipelineSchema.of(
+        [(c.name, c.clickhouse_type) for c in config.columns], config.meta_columns
+    )
+    return make_decoder(config.format, schema, DecodeOptions(on_error=config.on_error))
+
+
+class Topic:
+    """A topic's partitions: offsets count from 0; `bad` offsets hold malformed JSON."""
+
+    def __init__(self, partitions: int) -> None:
+        self.logs: dict[int, list[Message]] = {p: [] for p in range(partitions)}
+
+    def produce(self, partition: int, count: int, *, bad: Iterable[int] = ()) -> None:
+        log, broken = self.logs[partition], set(bad)
+        for _ in range(count):
+            offset = len(log)
+            value = (
+                b"{not json"
+                if offset in broken
+                else json.dumps({"user": f"u{partition}", "amount": offset}).encode()
+            )
+            log.append(
+                Message(
+                    topic=TOPIC,
+                    partition=partition,
+                    offset=offset,
+                    value=value,
+                    key=None,
+                    timestamp=(TIMESTAMP_CREATE_TIME, 1_700_000_000_000 + offset),
+                )
+            )
+
+    def end_offsets(self) -> dict[int, int]:
+        return {p: len(log) for p, log in self.logs.items()}
+
+    def read(self, ranges: Mapping[int, OffsetRange]) -> list[Message]:
+        return [m for p, r in ranges.items() for m in self.logs[p][r.first : r.last + 1]]
+
+
+class FakeConsumer:
+    """Reads a `Topic` from assigned offsets; records pause/resume calls."""
+
+    def __init__(self, topic: Topic, batch: int = 100) -> None:
+        self.topic = topic
+        self.batch = batch
+        self.next: dict[int, int] = {}
+        self.paused = False
+        self.pauses = 0
+        self.closed = False
+        self.assigned_from: dict[int, int] = {}
+
+    def owned_partitions(self) -> list[int]:
+        return sorted(self.topic.logs)
+
+    def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
+        self.next = {p: start_offsets.get(p, 0) for p in self.owned_partitions()}
+        self.assigned_from = dict(self.next)
+        return sorted(self.next)
+
+    def consume(self, num_messages: int, timeout: float) -> Sequence[Message]:
+        if self.paused:
+            time.sleep(min(timeout, 0.01))
+            return []
+        out: list[Message] = []
+        for p, log in self.topic.logs.items():
+            take = log[self.next[p] : self.next[p] + min(self.batch, num_messages - len(out))]
+            out.extend(take)
+            self.next[p] += len(take)
+        if not out:
+            time.sleep(min(timeout, 0.01))
+        return out
+
+    def refresh_partitions(self) -> list[int]:
+        return self.owned_partitions()
+
+    def pause(self, partitions: Iterable[int] | None = None) -> None:
+        self.paused = True
+        self.pauses += 1
+
+    def resume(self, partitions: Iterable[int] | None = None) -> None:
+        self.paused = False
+
+    def position(self) -> dict[int, int]:
+        return dict(self.next)
+
+    def lag(self) -> dict[int, int]:
+        return {p: len(self.topic.logs[p]) - o for p, o in self.next.items()}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeFenced:
+    """ZooKeeper's checkpoint and pending intent of one term; `fenced` ends the term."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        self.epoch = epoch
+        self.checkpoint: Checkpoint = {}
+        self.pending: PendingIntent | None = None
+        self.fenced = False
+        self.commits = 0
+        self._lock = threading.Lock()
+
+    def next_term(self) -> FakeFenced:
+        """The same state seen by the next leader."""
+        following = FakeFenced(self.epoch + 1)
+        following.checkpoint, following.pending = self.checkpoint, self.pending
+        return following
+
+    def _check(self) -> None:
+        if self.fenced:
+            raise FencedError(f"epoch {self.epoch} is over")
+
+    def read_checkpoint(self, pipeline: str) -> Checkpoint:
+        self._check()
+        return {t: dict(o) for t, o in self.checkpoint.items()}
+
+    def read_pending(self, pipeline: str) -> PendingIntent | None:
+        self._check()
+        return self.pending
+
+    def write_pending(self, pipeline: str, intent: PendingIntent) -> None:
+        with self._lock:
+            self._check()
+            self.pending = intent
+
+    def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint:
+        with self._lock:
+            self._check()
+            for topic, parts in offsets.items():
+                self.checkpoint.setdefault(topic, {}).update(parts)
+            self.pending = None
+            self.commits += 1
+            return {t: dict(o) for t, o in self.checkpoint.items()}
+
+
+@dataclass
+class FakeSink:
+    """ClickHouse's side: keeps the first insert per block id, as it keeps the first per
+    deduplication token. `gate` (when cleared) holds flushes; `failures` fail the next ones."""
+
+    rows: dict[str, pa.Table] = field(default_factory=dict)
+    dead: dict[str, pa.Table] = field(default_factory=dict)
+    attempts: int = 0
+    failures: int = 0
+    gate: threading.Event = field(default_factory=threading.Event)
+    entered: threading.Event = field(default_factory=threading.Event)
+    tables_ensured: int = 0
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    def ensure_tables(self, replicas: tuple[Replica, ...]) -> None:
+        self.tables_ensured += 1
+
+    def flush(self, block: PipelineBlock, replicas: tuple[Replica, ...]) -> Flushed:
+        self.attempts += 1
+        self.entered.set()
+        if not self.gate.wait(WAIT_S):
+            raise TimeoutError("the test never opened the sink's gate")
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("ClickHouse is away")
+        self.rows.setdefault(block.block_id, block.rows.table)
+        if block.dead_letters is not None:
+            self.dead.setdefault(block.block_id, block.dead_letters.table)
+        return Flushed(block.row_count, block.dead_count, "n1")
+
+    def offsets(self) -> list[tuple[int, int]]:
+        """Every (`_partition`, `_offset`) the table holds, with repeats."""
+        return _offsets(self.rows.values())
+
+    def dead_offsets(self) -> list[tuple[int, int]]:
+        return _offsets(self.dead.values())
+
+
+def _offsets(tables: Iterable[pa.Table]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for t in tables:
+        partitions, offsets = t.column("_partition"), t.column("_offset")
+        out.extend(zip(partitions.to_pylist(), offsets.to_pylist(), strict=True))
+    return sorted(out)
+
+
+@dataclass
+class Refetches:
+    """Re-reads ranges from the fake topic, counting the calls."""
+
+    topic: Topic
+    calls: int = 0
+
+    def __call__(
+        self, ranges: Mapping[int, OffsetRange], decoder: Decoder
+    ) -> tuple[pa.Table, pa.Table | None]:
+        self.calls += 1
+        decoded = decoder.decode(self.topic.read(ranges))
+        dead = decoded.dead_letters
+        return pa.Table.from_batches([decoded.rows]), (
+            pa.Table.from_batches([dead]) if dead is not None else None
+        )
+
+
+@dataclass
+class Harness:
+    """One leader's parts; `leader()` builds a leader of the current term over them."""
+
+    tmp_path: Path
+    config: Config
+    topic: Topic
+    sink: FakeSink = field(default_factory=FakeSink)
+    fenced: FakeFenced = field(default_factory=FakeFenced)
+    catalog: Catalog = field(default_factory=Catalog)
+    crash: CrashPlan = field(default_factory=lambda: CrashPlan(None))
+    consumers: list[FakeConsumer] = field(default_factory=list)
+    refetch: Refetches | None = None
+    wal_dir_name: str = "wal"
+
+    def __post_init__(self) -> None:
+        self.refetch = Refetches(self.topic)
+
+    @property
+    def pipeline(self) -> PipelineConfig:
+        return self.config.pipelines[0]
+
+    def _consumer(self) -> FakeConsumer:
+        consumer = FakeConsumer(self.topic)
+        self.consumers.append(consumer)
+        return consumer
+
+    def _open_wal(self) -> Wal:
+        return WriteAheadLog.open(self.tmp_path / self.wal_dir_name, fsync="off")
+
+    def leader(self) -> PipelineLeader:
+        assert self.refetch is not None
+        return PipelineLeader(
+            config=self.pipeline,
+            shard=0,
+            decoder=decoder_for(self.pipeline),
+            parts=PipelineParts(
+                consumer=self._consumer,
+                open_wal=self._open_wal,
+                refetch=self.refetch,
+                sink=self.sink,
+                fenced=self.fenced,
+                replicas=lambda: (),
+            ),
+            catalog=self.catalog,
+            metrics=Metrics.create(registry=_registry()),
+            crash=self.crash,
+        )
+
+
+def _registry() -> Any:
+    from prometheus_client import CollectorRegistry
+
+    return CollectorRegistry()
