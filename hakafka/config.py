@@ -5,8 +5,11 @@ naming its key (`pipelines[0].buffer.max_rows`) and what is allowed. Unknown key
 (a typo must not silently fall back to a default). Secrets come from files or environment
 variables and never appear in `repr()` or logs.
 
-Each key's default is declared once, in its section's dataclass: a reader passes `d.key`
-with `d = Section` (a dataclass keeps a field's default as its class attribute). An option
+Each key is declared once, as a field of its section's dataclass: its name is the TOML key,
+its default the default, its kind that of the default, and an extra rule (`_checked`) or a
+secret's environment variable (`env`) sits in the field's metadata; `_Reader.section`
+reads a section from those declarations. Only keys with structure of their own (tables of
+replicas, columns, partitions, settings) have readers of their own. An option
 with a fixed set of values is the enum of the library that uses it (`wal.FsyncPolicy`,
 `spark_bridge.tables.Engine`, `hakafka.consumer.Format`/`OnError`/`OutOfRange`); the config
 holds the member.
@@ -14,6 +17,7 @@ holds the member.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -42,6 +46,7 @@ _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 T = TypeVar("T")
 E = TypeVar("E", bound=StrEnum)
+C = TypeVar("C")
 
 
 class ConfigError(ValueError):
@@ -78,15 +83,48 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
+def _checked(default: Any, check: Callable[[Any], str | None]) -> Any:
+    """A config field whose value must also pass `check` (a problem text, or None)."""
+    return field(default=default, metadata={"check": check})
+
+
+def _zk_root_problem(value: str) -> str | None:
+    if not value.startswith("/") or value.endswith("/") or "//" in value:
+        return f"must be an absolute ZooKeeper path like /hakafka/prod, got {value!r}"
+    return None
+
+
+def _name_problem(value: str) -> str | None:
+    return (
+        None
+        if _NAME.match(value)
+        else f"must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*), got {value!r}"
+    )
+
+
+def _segment_problem(value: int) -> str | None:
+    return None if value >= 1 << 20 else "must be at least 1048576 (1 MiB)"
+
+
+def _transform_problem(value: str) -> str | None:
+    if not value or value.lstrip().lower().startswith("select") or re.match(r"^[\w.]+:\w+$", value):
+        return None
+    return f"must be `module:function` or a SQL SELECT over the view `block`, got {value!r}"
+
+
+# Every field with a default is read by `_Reader.section`: its TOML key is the field name, its
+# kind that of the default (numbers must be > 0), its extra rule the `check` in its metadata.
+
+
 @dataclass(frozen=True)
 class ZooKeeperConfig:
     hosts: str
-    root: str = "/hakafka/default"
+    root: str = _checked("/hakafka/default", _zk_root_problem)
     session_timeout: float = 6.0
     connect_timeout: float = 10.0
     request_timeout: float = 5.0
     auth_user: str = ""
-    auth_password: Secret = Secret("")
+    auth_password: Secret = field(default=Secret(""), metadata={"env": ENV_ZK_PASSWORD})
 
 
 @dataclass(frozen=True)
@@ -99,9 +137,9 @@ class KafkaConfig:
 @dataclass(frozen=True)
 class ClickHouseConfig:
     replicas: Mapping[int, Mapping[str, Endpoint]]  # shard -> node -> HTTP endpoint
-    database: str = "default"
+    database: str = _checked("default", _name_problem)
     user: str = "default"
-    password: Secret = Secret("")
+    password: Secret = field(default=Secret(""), metadata={"env": ENV_CLICKHOUSE_PASSWORD})
     secure: bool = False
     verify: bool = True
     engine: Engine = Engine.MERGE_TREE
@@ -123,7 +161,7 @@ class SparkConfig:
 class NodeServerConfig:
     http: Endpoint = Endpoint("127.0.0.1", 8300)
     flight: Endpoint = Endpoint("127.0.0.1", 8301)
-    token: Secret = Secret("")
+    token: Secret = field(default=Secret(""), metadata={"env": ENV_SERVER_TOKEN})
     # A pipeline thread without progress for this long is stuck: not ready, no watchdog ping.
     stuck_after: float = 120.0
 
@@ -143,7 +181,7 @@ class PipelineBufferConfig:
 class PipelineWalConfig:
     fsync: FsyncPolicy = FsyncPolicy.BATCH
     interval_ms: int = 50
-    segment_bytes: int = 64 << 20
+    segment_bytes: int = _checked(64 << 20, _segment_problem)
 
 
 @dataclass(frozen=True)
@@ -165,7 +203,7 @@ class PipelineConfig:
     meta_columns: tuple[str, ...] = META_COLUMNS
     on_error: OnError = OnError.DEAD_LETTER
     max_message_bytes: int = 1 << 20
-    transform: str = ""
+    transform: str = _checked("", _transform_problem)
     partitions: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     buffer: PipelineBufferConfig = PipelineBufferConfig()
     wal: PipelineWalConfig = PipelineWalConfig()
@@ -257,9 +295,7 @@ class _Reader:
         return _Reader(raw if isinstance(raw, dict) else {}, self.key(name), self.problems)
 
     def positive(self, name: str, kind: type[T], default: T) -> T:
-        return self.get(
-            name, kind, default, check=lambda v: None if v > 0 else f"must be > 0, got {v}"
-        )
+        return self.get(name, kind, default, check=_positive)
 
     def secret(self, name: str, env_var: str) -> Secret:
         """A secret from `<name>` (inline), `<name>_file` (a file) or the environment."""
@@ -274,10 +310,39 @@ class _Reader:
                 self.problem(f"{name}_file", f"cannot read {file_name}: {exc.strerror}")
         return Secret(inline)
 
+    def section(self, kind: type[C], **given: Any) -> C:
+        """The config dataclass `kind` read from this table: each field with a default by its
+        name, as the default's kind (numbers must be > 0; enums one of their values; secrets
+        from the environment, `<key>_file` or `<key>`; endpoints `host:port`), with the
+        field's own `check` if it has one. `given` holds the fields read some other way."""
+        values = dict(given)
+        for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+            if f.name not in values:
+                values[f.name] = self._field(f)
+        return kind(**values)
+
+    def _field(self, f: dataclasses.Field[Any]) -> Any:
+        name, default, check = f.name, f.default, f.metadata.get("check")
+        if isinstance(default, Secret):
+            return self.secret(name, f.metadata["env"])
+        if isinstance(default, Endpoint):
+            return _endpoint(self, name, default)
+        if isinstance(default, StrEnum):
+            return self.choice(name, type(default), default)
+        if isinstance(default, bool | str):
+            return self.get(name, type(default), default, check=check)
+        if isinstance(default, int | float):
+            return self.get(name, type(default), default, check=check or _positive)
+        raise TypeError(f"config field {name} has no default to read it by")
+
     def finish(self) -> None:
         """Record every key that no reader asked for as unknown."""
         for name in sorted(set(self.data) - self.seen):
             self.problem(name, "unknown key")
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else f"must be > 0, got {value}"
 
 
 def _type_name(kind: type) -> str:
@@ -307,30 +372,14 @@ def parse_endpoint(raw: str, key: str, problems: list[str]) -> Endpoint | None:
 
 
 def _zookeeper(r: _Reader) -> ZooKeeperConfig:
-    d = ZooKeeperConfig
-    z = ZooKeeperConfig(
-        hosts=r.get("hosts", str, "", required=True),
-        root=r.get("root", str, d.root, check=_zk_root_problem),
-        session_timeout=r.positive("session_timeout", float, d.session_timeout),
-        connect_timeout=r.positive("connect_timeout", float, d.connect_timeout),
-        request_timeout=r.positive("request_timeout", float, d.request_timeout),
-        auth_user=r.get("auth_user", str, d.auth_user),
-        auth_password=r.secret("auth_password", ENV_ZK_PASSWORD),
-    )
+    z = r.section(ZooKeeperConfig, hosts=r.get("hosts", str, "", required=True))
     if z.auth_password and not z.auth_user:
         r.problem("auth_user", "is required when a ZooKeeper password is set")
     r.finish()
     return z
 
 
-def _zk_root_problem(value: str) -> str | None:
-    if not value.startswith("/") or value.endswith("/") or "//" in value:
-        return f"must be an absolute ZooKeeper path like /hakafka/prod, got {value!r}"
-    return None
-
-
 def _kafka(r: _Reader) -> KafkaConfig:
-    d = KafkaConfig
     settings_reader = r.table("settings")
     settings: dict[str, str] = {}
     for key, value in settings_reader.data.items():
@@ -347,10 +396,8 @@ def _kafka(r: _Reader) -> KafkaConfig:
     for reserved in ("bootstrap.servers", "enable.auto.commit", "group.id"):
         if reserved in settings:
             settings_reader.problem(reserved, "is managed by hakafka; remove it")
-    k = KafkaConfig(
-        bootstrap=r.get("bootstrap", str, "", required=True),
-        out_of_range=r.choice("out_of_range", OutOfRange, d.out_of_range),
-        settings=settings,
+    k = r.section(
+        KafkaConfig, bootstrap=r.get("bootstrap", str, "", required=True), settings=settings
     )
     r.finish()
     return k
@@ -389,71 +436,30 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseConfig:
                     "MergeTree keeps its deduplication log per server, so a shard with several "
                     'ClickHouse servers needs engine = "ReplicatedMergeTree" (or one endpoint)',
                 )
-    c = ClickHouseConfig(
-        replicas=replicas,
-        database=r.get("database", str, d.database, check=_name_problem),
-        user=r.get("user", str, d.user),
-        password=r.secret("password", ENV_CLICKHOUSE_PASSWORD),
-        secure=r.get("secure", bool, d.secure),
-        verify=r.get("verify", bool, d.verify),
-        engine=engine,
-        dedup_window=r.positive("dedup_window", int, d.dedup_window),
-        insert_timeout=r.positive("insert_timeout", float, d.insert_timeout),
-    )
+    c = r.section(ClickHouseConfig, replicas=replicas, engine=engine)
     r.finish()
     return c
 
 
-def _name_problem(value: str) -> str | None:
-    return (
-        None
-        if _NAME.match(value)
-        else f"must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*), got {value!r}"
-    )
-
-
 def _spark(r: _Reader) -> SparkConfig:
-    d = SparkConfig
     conf_reader = r.table("conf")
     conf = {}
     for key, value in conf_reader.data.items():
         conf_reader.seen.add(key)
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    s = SparkConfig(
-        master=r.get("master", str, d.master),
-        remote=r.get("remote", str, d.remote),
-        driver_memory=r.get("driver_memory", str, d.driver_memory),
-        on_followers=r.get("on_followers", bool, d.on_followers),
-        rows_per_task=r.positive("rows_per_task", int, d.rows_per_task),
-        conf=conf,
-    )
+    s = r.section(SparkConfig, conf=conf)
     r.finish()
     return s
 
 
 def _server(r: _Reader) -> NodeServerConfig:
-    d = NodeServerConfig
-    s = NodeServerConfig(
-        http=_endpoint(r, "http", d.http),
-        flight=_endpoint(r, "flight", d.flight),
-        token=r.secret("token", ENV_SERVER_TOKEN),
-        stuck_after=r.positive("stuck_after", float, d.stuck_after),
-    )
+    s = r.section(NodeServerConfig)
     r.finish()
     return s
 
 
 def _buffer(r: _Reader) -> PipelineBufferConfig:
-    d = PipelineBufferConfig
-    b = PipelineBufferConfig(
-        min_rows=r.positive("min_rows", int, d.min_rows),
-        max_rows=r.positive("max_rows", int, d.max_rows),
-        min_bytes=r.positive("min_bytes", int, d.min_bytes),
-        max_bytes=r.positive("max_bytes", int, d.max_bytes),
-        min_age=r.positive("min_age", float, d.min_age),
-        max_age=r.positive("max_age", float, d.max_age),
-        limit_bytes=r.positive("limit_bytes", int, d.limit_bytes),
-    )
+    b = r.section(PipelineBufferConfig)
     for low, high in (("min_rows", "max_rows"), ("min_bytes", "max_bytes"), ("min_age", "max_age")):
         if getattr(b, low) > getattr(b, high):
             r.problem(low, f"must not exceed {high} ({getattr(b, low)} > {getattr(b, high)})")
@@ -464,17 +470,7 @@ def _buffer(r: _Reader) -> PipelineBufferConfig:
 
 
 def _wal(r: _Reader) -> PipelineWalConfig:
-    d = PipelineWalConfig
-    w = PipelineWalConfig(
-        fsync=r.choice("fsync", FsyncPolicy, d.fsync),
-        interval_ms=r.positive("interval_ms", int, d.interval_ms),
-        segment_bytes=r.get(
-            "segment_bytes",
-            int,
-            d.segment_bytes,
-            check=lambda v: None if v >= 1 << 20 else "must be at least 1048576 (1 MiB)",
-        ),
-    )
+    w = r.section(PipelineWalConfig)
     r.finish()
     return w
 
@@ -522,32 +518,20 @@ def _pipeline(
             r.problems.append(f"{key}: must be an array of partition numbers")
         else:
             partitions[int(shard_key)] = tuple(plist)
-    p = PipelineConfig(
+    p = r.section(
+        PipelineConfig,
         name=r.get("name", str, "", required=True, check=_name_problem),
         topic=r.get("topic", str, "", required=True),
         table=r.get("table", str, "", required=True, check=_name_problem),
         columns=tuple(columns),
-        format=r.choice("format", Format, d.format),
-        order_by=r.get("order_by", str, d.order_by),
-        partition_by=r.get("partition_by", str, d.partition_by),
-        ttl=r.get("ttl", str, d.ttl),
         # _partition and _offset are always kept: exactly-once relies on them.
         meta_columns=tuple(dict.fromkeys([*ALWAYS_META, *meta])),
-        on_error=r.choice("on_error", OnError, d.on_error),
-        max_message_bytes=r.positive("max_message_bytes", int, d.max_message_bytes),
-        transform=r.get("transform", str, d.transform, check=_transform_problem),
         partitions=partitions,
         buffer=_buffer(r.table("buffer")),
         wal=_wal(r.table("wal")),
     )
     r.finish()
     return p
-
-
-def _transform_problem(value: str) -> str | None:
-    if not value or value.lstrip().lower().startswith("select") or re.match(r"^[\w.]+:\w+$", value):
-        return None
-    return f"must be `module:function` or a SQL SELECT over the view `block`, got {value!r}"
 
 
 def _accept_any_type(_: str) -> str | None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fresh import fresh_python, loaded
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "systemd" / "hakafka.toml"
-BANNED = ("pyspark", "chdb", "hakafka.daemon", "hakafka.pipeline", "devstack")
+BANNED = ["pyspark", "chdb", "hakafka.daemon", "hakafka.pipeline", "devstack"]
 
 # Calls the command's `main`, then prints the exit code and every loaded module as the
 # last line of stdout.
@@ -36,21 +36,12 @@ print(json.dumps({{"code": code, "modules": sorted(sys.modules)}}))
 
 def run_command(argv: list[str]) -> tuple[int, list[str]]:
     """(exit code, loaded modules) of `hakafka ARGV` in a fresh interpreter."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(argv=argv)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.splitlines()[-1])
+    result = json.loads(fresh_python(_PROBE.format(argv=argv)).splitlines()[-1])
     return result["code"], result["modules"]
 
 
 def banned(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == b or m.startswith(b + ".") for b in BANNED)]
+    return loaded(BANNED, modules)
 
 
 def config_for(tmp_path: Path) -> Path:

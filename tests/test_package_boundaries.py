@@ -1,13 +1,13 @@
-"""`wal`, `buffer` and `spark_bridge` stand alone: none of them imports `hakafka` (docs/DESIGN.md)."""
+"""`wal`, `buffer` and `spark_bridge` stand alone: none imports `hakafka` (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fresh import fresh_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["wal", "buffer", "spark_bridge"]
@@ -34,16 +34,8 @@ def test_importing_the_package_loads_no_hakafka_module(package: str) -> None:
         f"import {', '.join(names)}; import sys; "
         "print(sorted(m for m in sys.modules if m == 'hakafka' or m.startswith('hakafka.')))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"importing {package} loaded {done.stdout.strip()}"
+    found = fresh_python(code).strip()
+    assert found == "[]", f"importing {package} loaded {found}"
 
 
 def hakafka_imports(path: Path) -> list[str]:
@@ -84,13 +76,5 @@ def test_spark_bridge_loads_pyspark_only_for_the_spark_parts() -> None:
         "from spark_bridge import Connection, Engine, Replica, SparkSettings, TableSpec; "
         "print(sorted(m for m in sys.modules if m == 'pyspark' or m.startswith('pyspark.')))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"importing {plain} loaded {done.stdout.strip()}"
+    found = fresh_python(code).strip()
+    assert found == "[]", f"importing {plain} loaded {found}"

@@ -1,0 +1,30 @@
+"""Run Python code in a fresh interpreter: what a module import or a command loads can only be
+seen there (the test process has everything loaded already)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fresh_python(code: str, timeout: float = 120.0) -> str:
+    """The standard output of `python -c code` run from the repository root; AssertionError
+    with its standard error if it fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def loaded(prefixes: list[str], modules: list[str]) -> list[str]:
+    """The modules of `modules` that are one of `prefixes` or inside one of them."""
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
