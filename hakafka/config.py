@@ -314,11 +314,13 @@ class _Reader:
         """The config dataclass `kind` read from this table: each field with a default by its
         name, as the default's kind (numbers must be > 0; enums one of their values; secrets
         from the environment, `<key>_file` or `<key>`; endpoints `host:port`), with the
-        field's own `check` if it has one. `given` holds the fields read some other way."""
+        field's own `check` if it has one. `given` holds the fields read some other way. Any
+        other key of the table is a problem (`finish`)."""
         values = dict(given)
         for f in dataclasses.fields(kind):  # type: ignore[arg-type]
             if f.name not in values:
                 values[f.name] = self._field(f)
+        self.finish()
         return kind(**values)
 
     def _field(self, f: dataclasses.Field[Any]) -> Any:
@@ -375,7 +377,6 @@ def _zookeeper(r: _Reader) -> ZooKeeperConfig:
     z = r.section(ZooKeeperConfig, hosts=r.get("hosts", str, "", required=True))
     if z.auth_password and not z.auth_user:
         r.problem("auth_user", "is required when a ZooKeeper password is set")
-    r.finish()
     return z
 
 
@@ -396,11 +397,9 @@ def _kafka(r: _Reader) -> KafkaConfig:
     for reserved in ("bootstrap.servers", "enable.auto.commit", "group.id"):
         if reserved in settings:
             settings_reader.problem(reserved, "is managed by hakafka; remove it")
-    k = r.section(
+    return r.section(
         KafkaConfig, bootstrap=r.get("bootstrap", str, "", required=True), settings=settings
     )
-    r.finish()
-    return k
 
 
 def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseConfig:
@@ -436,9 +435,7 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseConfig:
                     "MergeTree keeps its deduplication log per server, so a shard with several "
                     'ClickHouse servers needs engine = "ReplicatedMergeTree" (or one endpoint)',
                 )
-    c = r.section(ClickHouseConfig, replicas=replicas, engine=engine)
-    r.finish()
-    return c
+    return r.section(ClickHouseConfig, replicas=replicas, engine=engine)
 
 
 def _spark(r: _Reader) -> SparkConfig:
@@ -447,15 +444,7 @@ def _spark(r: _Reader) -> SparkConfig:
     for key, value in conf_reader.data.items():
         conf_reader.seen.add(key)
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    s = r.section(SparkConfig, conf=conf)
-    r.finish()
-    return s
-
-
-def _server(r: _Reader) -> NodeServerConfig:
-    s = r.section(NodeServerConfig)
-    r.finish()
-    return s
+    return r.section(SparkConfig, conf=conf)
 
 
 def _buffer(r: _Reader) -> PipelineBufferConfig:
@@ -465,14 +454,7 @@ def _buffer(r: _Reader) -> PipelineBufferConfig:
             r.problem(low, f"must not exceed {high} ({getattr(b, low)} > {getattr(b, high)})")
     if b.limit_bytes < b.max_bytes:
         r.problem("limit_bytes", f"must be at least max_bytes ({b.limit_bytes} < {b.max_bytes})")
-    r.finish()
     return b
-
-
-def _wal(r: _Reader) -> PipelineWalConfig:
-    w = r.section(PipelineWalConfig)
-    r.finish()
-    return w
 
 
 def _pipeline(
@@ -518,7 +500,7 @@ def _pipeline(
             r.problems.append(f"{key}: must be an array of partition numbers")
         else:
             partitions[int(shard_key)] = tuple(plist)
-    p = r.section(
+    return r.section(
         PipelineConfig,
         name=r.get("name", str, "", required=True, check=_name_problem),
         topic=r.get("topic", str, "", required=True),
@@ -528,10 +510,8 @@ def _pipeline(
         meta_columns=tuple(dict.fromkeys([*ALWAYS_META, *meta])),
         partitions=partitions,
         buffer=_buffer(r.table("buffer")),
-        wal=_wal(r.table("wal")),
+        wal=r.table("wal").section(PipelineWalConfig),
     )
-    r.finish()
-    return p
 
 
 def _accept_any_type(_: str) -> str | None:
@@ -598,7 +578,7 @@ def parse_config(
         kafka=_kafka(r.table("kafka", required=True)),
         clickhouse=_clickhouse(r.table("clickhouse", required=True), shard_tuple),
         spark=_spark(r.table("spark")),
-        server=_server(r.table("server")),
+        server=r.table("server").section(NodeServerConfig),
         pipelines=tuple(pipelines),
         source=source,
     )

@@ -3,19 +3,22 @@ seen there (the test process has everything loaded already)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fresh_python(code: str, timeout: float = 120.0) -> str:
-    """The standard output of `python -c code` run from the repository root; AssertionError
-    with its standard error if it fails."""
+def fresh_python(code: str, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> str:
+    """The standard output of `python -c code` run from the repository root (with `env` added
+    to the environment); AssertionError with its standard error if it fails."""
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

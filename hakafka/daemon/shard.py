@@ -88,11 +88,9 @@ class ShardRunner:
         warm_up: Callable[[], object] | None = None,
     ) -> None:
         self.shard = shard
-        self._coordinator = coordinator
-        self._make_pipelines = make_pipelines
+        self._coordinator, self._make_pipelines = coordinator, make_pipelines
         self._metrics = metrics
-        self._grace = flush_grace_s
-        self._stuck_after = stuck_after_s
+        self._grace, self._stuck_after = flush_grace_s, stuck_after_s
         self._stuck: set[str] = set()  # pipelines reported stuck, until they step again
         self._warm_up = warm_up
         self._events: queue.Queue[Any] = queue.Queue()

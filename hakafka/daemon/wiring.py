@@ -7,7 +7,7 @@ own fenced view of ZooKeeper, and a consumer and WAL opened on its pipeline thre
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
@@ -41,27 +41,22 @@ class _Pipeline:
     sink: PipelineSink
 
 
+@dataclass
 class PipelineFactory:
     """Makes the pipelines of a shard's term, unstarted."""
 
-    def __init__(
-        self,
-        config: Config,
-        coordinator: Coordinator,
-        spark: Callable[[], SparkSession],
-        *,
-        catalog: Catalog,
-        metrics: Metrics,
-        crash: CrashPlan,
-    ) -> None:
-        self._config = config
-        self._coordinator = coordinator
-        self._catalog = catalog
-        self._metrics = metrics
-        self._crash = crash
+    config: Config
+    coordinator: Coordinator
+    spark: Callable[[], SparkSession]
+    catalog: Catalog
+    metrics: Metrics
+    crash: CrashPlan
+    _pipelines: list[_Pipeline] = field(init=False)
+
+    def __post_init__(self) -> None:
         self._pipelines = [
-            _Pipeline(p, schema, PipelineSink(config, p, schema, spark))
-            for p in config.pipelines
+            _Pipeline(p, schema, PipelineSink(self.config, p, schema, self.spark))
+            for p in self.config.pipelines
             for schema in (pipeline_schema(p),)
         ]
 
@@ -76,9 +71,9 @@ class PipelineFactory:
                     shard=shard,
                     decoder=decoder_of(p.config, p.schema),
                     parts=self._parts(p, shard, fenced),
-                    catalog=self._catalog,
-                    metrics=self._metrics,
-                    crash=self._crash,
+                    catalog=self.catalog,
+                    metrics=self.metrics,
+                    crash=self.crash,
                 )
                 for p in self._pipelines
                 if only is None or p.config.name == only
@@ -87,7 +82,7 @@ class PipelineFactory:
         return make
 
     def _parts(self, p: _Pipeline, shard: int, fenced: Fenced) -> PipelineParts:
-        config, pipeline = self._config, p.config
+        config, pipeline = self.config, p.config
         kafka = config.kafka
 
         def consumer() -> Consumer:
@@ -98,7 +93,7 @@ class PipelineFactory:
                 settings=kafka.settings,
                 out_of_range=kafka.out_of_range,
                 group_id=f"hakafka-{config.node}",
-                on_reset=self._metrics.consumer.on_offset_reset,
+                on_reset=self.metrics.consumer.on_offset_reset,
             )
 
         def open_wal() -> Wal:
@@ -112,7 +107,7 @@ class PipelineFactory:
 
         def replicas() -> tuple[Replica, ...]:
             return shard_replicas(
-                config, shard, lambda r: self._coordinator.writable_replicas(shard, r)
+                config, shard, lambda r: self.coordinator.writable_replicas(shard, r)
             )
 
         return PipelineParts(

@@ -76,11 +76,8 @@ class PipelineLeader:
         metrics: Metrics,
         crash: CrashPlan | None = None,
     ) -> None:
-        self.config = config
-        self.shard = shard
-        self.decoder = decoder
-        self._parts = parts
-        self._catalog = catalog
+        self.config, self.shard, self.decoder = config, shard, decoder
+        self._parts, self._catalog = parts, catalog
         self._crash = crash or CrashPlan(None)
         self.status = PipelineStatus()
         self.buffer = PipelineBuffer(

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+
+from tests.fresh import fresh_python
 
 # Runs in a fresh interpreter so nothing else in the test session moves its RSS. Batches are
 # built the way a decoder builds them: from Python values, 10k rows at a time.
@@ -45,16 +44,8 @@ print(json.dumps({"accounted": table.nbytes, "rss_growth": rss() - before,
 
 
 def test_accounted_bytes_match_rss_growth_within_10_percent() -> None:
-    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        timeout=240,
-    )
-    result = json.loads(out.stdout)
+    out = fresh_python(SCRIPT, timeout=240, env={"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"})
+    result = json.loads(out)
     assert result["pool"] == "jemalloc"
     assert result["accounted"] >= 200 << 20
     ratio = result["rss_growth"] / result["accounted"]
