@@ -28,6 +28,7 @@ class Metrics:
     flush_rows: Counter
     flush_seconds: Histogram
     checkpoint_lag: Gauge
+    stalled: Gauge
     kafka_lag: Gauge
     leader: Gauge
     epoch: Gauge
@@ -86,6 +87,13 @@ class Metrics:
                 "hakafka_checkpoint_lag",
                 "Offsets consumed but not yet checkpointed, per partition",
                 [*p, "partition"],
+                registry=reg,
+            ),
+            stalled=Gauge(
+                "hakafka_pipeline_stalled_seconds",
+                "Seconds a leading pipeline has made no progress (a hung thread, flushes "
+                "failing, or consumption paused with no flush committing); stuck at stuck_after",
+                p,
                 registry=reg,
             ),
             kafka_lag=Gauge(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,22 @@ DEV_ONLY = ("devstack/", "chaos", "clickhouse_http", "demo")
 
 
 def test_wheel_holds_the_daemon_and_no_dev_tooling(tmp_path: Path) -> None:
+    # Build from the files git knows, as a fresh clone would: a build/ directory left in the
+    # checkout by an earlier build can hold stale modules that setuptools would ship.
+    source = tmp_path / "source"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -195,7 +195,7 @@ class Daemon:
                 self.notifier.watchdog()
                 next_ping = now + interval
             self.notifier.status(self._status_line())
-            self._update_lag_metrics()
+            self._update_pipeline_metrics()
 
     def _shutdown(self) -> int:
         began = time.monotonic()
@@ -262,13 +262,16 @@ class Daemon:
         lag = sum(sum(p.lag().values()) for r in self.runners for p in r.pipelines)
         return f"{roles}; lag {lag}"
 
-    def _update_lag_metrics(self) -> None:
+    def _update_pipeline_metrics(self) -> None:
         # Rebuilt each time: a shard this node stopped leading must not keep its old values.
         self.metrics.kafka_lag.clear()
         self.metrics.checkpoint_lag.clear()
+        self.metrics.stalled.clear()
+        now = time.monotonic()
         for runner in self.runners:
             for p in runner.pipelines:
                 labels = {"pipeline": p.config.name, "shard": str(runner.shard)}
+                self.metrics.stalled.labels(**labels).set(round(p.stalled_for(now), 1))
                 positions = p.positions()
                 checkpoint = p.status.checkpoint
                 for partition, behind in p.lag().items():

@@ -36,6 +36,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "lag": p.lag(),
         "checkpoint": s.checkpoint,
         "pending_block": s.pending_block,
+        "reflushing": s.reflushing,
         "last_flush_at": s.last_flush_at,
         "last_flush_rows": s.last_flush_rows,
         "last_flush_seconds": s.last_flush_seconds,

@@ -48,6 +48,9 @@ from hakafka.pipeline import PipelineLeader
 log = structlog.get_logger("hakafka.shard")
 
 RECOVERY_TIMEOUT_S = 300.0
+# An ops failover lets a flush in flight finish for this long, then abandons it: the flush is
+# idempotent and its pending intent makes the next leader flush the same block again.
+HANDOVER_GRACE_S = 0.5
 SUPERVISE_EVERY_S = 0.5
 RESTART_DELAY_S = (1.0, 30.0)  # first and largest delay before restarting a failed pipeline
 RESTART_RESET_S = 600.0  # a pipeline that ran this long since its last restart starts over at 1 s
@@ -177,8 +180,9 @@ class ShardRunner:
                 return
 
     def _report_stuck(self, now: float) -> None:
-        """One `pipeline.stuck` event when a pipeline stops stepping, one `pipeline.unstuck`
-        if it steps again."""
+        """One `pipeline.stuck` event when a pipeline makes no progress for `stuck_after` (a hung
+        thread, flushes failing, or a consumer paused with no flush committing), one
+        `pipeline.unstuck` when it moves again."""
         for p in self.pipelines:
             name, stalled = p.config.name, p.stalled_for(now)
             if stalled >= self._stuck_after and name not in self._stuck:
@@ -187,6 +191,7 @@ class ShardRunner:
                     "pipeline.stuck",
                     pipeline=name,
                     stalled_s=round(stalled, 1),
+                    error=p.status.error,
                     hint="SIGUSR1 dumps every thread's stack to stderr",
                 )
             elif stalled < self._stuck_after and name in self._stuck:
@@ -239,11 +244,17 @@ class ShardRunner:
             self._metrics.leader.labels(**labels).set(0)
             self._stop_pipelines(0.0, reason=event.reason)
         elif isinstance(event, FailoverRequested):
+            began = time.monotonic()
             self._log.info("leader.failover_requested", to=event.request.to, by=event.request.by)
-            self._stop_pipelines(self._grace, reason="ops failover")
+            self._stop_pipelines(HANDOVER_GRACE_S, reason="ops failover")
             self._metrics.leader.labels(**labels).set(0)
             if self.leadership is not None:
                 self.leadership.resign("ops failover")
+            self._log.info(
+                "leader.handed_over",
+                to=event.request.to,
+                seconds=round(time.monotonic() - began, 3),
+            )
 
     def _start_pipelines(self) -> None:
         assert self.leadership is not None
@@ -275,7 +286,14 @@ class ShardRunner:
         """Publish `consuming` in the leader znode once every pipeline consumes."""
         began = time.monotonic()
         if not all(p.wait_consuming(RECOVERY_TIMEOUT_S) for p in pipelines):
-            self._log.error("leader.recovery_failed", seconds=round(time.monotonic() - began, 3))
+            failed = {p.config.name: p.status.error for p in pipelines if p.status.error}
+            if failed or any(p.status.state.live for p in pipelines):
+                self._log.error(
+                    "leader.recovery_failed",
+                    seconds=round(time.monotonic() - began, 3),
+                    errors=failed,
+                )
+            # Otherwise they were stopped (a hand-over, a lost term): that event is logged.
             return
         try:
             leadership.set_status("consuming")

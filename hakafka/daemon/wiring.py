@@ -113,7 +113,9 @@ class PipelineFactory:
         return PipelineParts(
             consumer=consumer,
             open_wal=open_wal,
-            refetch=KafkaRefetch(kafka.bootstrap, pipeline.topic, kafka.settings),
+            refetch=KafkaRefetch(
+                kafka.bootstrap, pipeline.topic, kafka.settings, out_of_range=kafka.out_of_range
+            ),
             sink=p.sink,
             fenced=fenced,
             replicas=replicas,

@@ -96,9 +96,18 @@ def _pipelines_of(
                     "last_flush_rows": p["last_flush_rows"],
                     "last_flush_seconds": p["last_flush_seconds"],
                     "pending_block": p["pending_block"],
+                    "reflushing": p.get("reflushing", False),
                 }
             )
     return found
+
+
+def state_text(p: dict[str, Any]) -> str:
+    """`consuming`, `consuming, re-flushing pending <block>`, `failed: <error>`."""
+    text = str(p["state"])
+    if p.get("reflushing"):
+        text += f", re-flushing pending {p.get('pending_block')}"
+    return f"{text}: {p['error']}" if p.get("error") else text
 
 
 def render(status: dict[str, Any]) -> str:
@@ -132,7 +141,7 @@ def render(status: dict[str, Any]) -> str:
                 p["pipeline"],
                 p.get("query_table"),
                 p["node"],
-                p["state"] if not p.get("error") else f"{p['state']}: {p['error']}",
+                state_text(p),
                 lag_text,
                 p.get("buffer_rows"),
                 p.get("buffer_bytes"),

@@ -35,6 +35,7 @@ class ConsumeLane:
     # Published by the consume thread: the Kafka client must not be called from others.
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
+    paused_since: float | None = None  # monotonic time the buffer limit paused the consumer
 
     def assign(self, consumer: Consumer, starts: dict[int, int]) -> None:
         """Take `consumer` and assign its owned partitions from `starts` (partition -> next
@@ -97,13 +98,14 @@ class ConsumeLane:
         lane, paused = self.lane, False
         try:
             while True:
+                seen = lane.signals.commits  # before the attempt: a commit after it counts
                 try:
                     lane.buffer.append(rows, dead, ranges)
                     lane.meters.buffer(lane.buffer)
                     return
                 except BufferFull as exc:
                     if not paused:
-                        paused = True
+                        paused, self.paused_since = True, time.monotonic()
                         if self.consumer is not None:
                             self.consumer.pause()
                         lane.meters.backpressure(True)
@@ -113,18 +115,18 @@ class ConsumeLane:
                             buffered=exc.nbytes,
                             limit=exc.limit_bytes,
                         )
-                    self._wait_commit()
+                    self._wait_commit(seen)
         finally:
             if paused:
+                self.paused_since = None
                 if self.consumer is not None:
                     self.consumer.resume()
                 lane.meters.backpressure(False)
                 lane.log.info("consumer.resumed")
 
-    def _wait_commit(self) -> None:
+    def _wait_commit(self, seen: int) -> None:
         signals = self.lane.signals
-        signals.committed.clear()
-        while not signals.committed.wait(0.2):
+        while not signals.wait_commit(seen, 0.2):
             signals.beat()
             if signals.stop.is_set():
                 raise PipelineStopped("stopped while the buffer was full") from None

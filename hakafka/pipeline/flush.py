@@ -12,32 +12,50 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from buffer import Thresholds, should_flush
+from buffer import OffsetRange, Thresholds, should_flush
+from hakafka.consumer import Decoder, OffsetOutOfRangeError
 from hakafka.coordination import FencedError, PendingIntent
-from hakafka.pipeline.buffer import PipelineBlock
+from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
-from hakafka.pipeline.parts import Fenced, Flushed, Sink, Wal
+from hakafka.pipeline.parts import PipelineParts, Wal
 from hakafka.pipeline.state import PipelineState, PipelineStopped
-from spark_bridge.replicas import Replica
 
 FLUSH_CHECK_S = 0.05
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 10.0
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PendingReflush:
+    """The block a former leader left pending: flushed again before any new block."""
+
+    intent: PendingIntent
+    ranges: dict[int, OffsetRange]
+    block: PipelineBlock | None
+    """Its rows from the local WAL; None: the WAL lacks some, they are re-read from Kafka."""
+
 
 @dataclass
 class FlushLane:
-    """Flushes and commits the pipeline's blocks; runs on the flush thread (and on the
-    pipeline thread for the pending re-flush of recovery)."""
+    """Flushes and commits the pipeline's blocks, one at a time, on the flush thread.
+
+    Its first job is the term's: make sure the tables exist, then re-flush the pending block
+    (`pending`, set by recovery) with its old block id, so that the next block is sealed only
+    after it committed. Meanwhile the consumer already runs; the buffer fills up to its
+    limit, then backpressure holds it."""
 
     lane: Lane
     thresholds: Thresholds
-    sink: Sink
-    fenced: Fenced
-    replicas: Callable[[], tuple[Replica, ...]]
+    parts: PipelineParts
+    decoder: Decoder
     wal: Wal | None = None
     checkpoint: dict[int, int] = field(default_factory=dict)
+    pending: PendingReflush | None = None
+    failing_since: float | None = None  # monotonic time of the first failed attempt in a row
 
     def run(self) -> None:
         """Seal and flush whenever the thresholds say so, until the pipeline stops. A flush
@@ -45,6 +63,12 @@ class FlushLane:
         lane = self.lane
         signals = lane.signals
         try:
+            self._retry(
+                "tables", None, lambda: self.parts.sink.ensure_tables(self.parts.replicas())
+            )
+            if self.pending is not None:
+                self._reflush(self.pending)
+                self.pending = None
             while not signals.stop.is_set():
                 signals.beat()
                 time.sleep(FLUSH_CHECK_S)
@@ -59,11 +83,42 @@ class FlushLane:
             lane.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)
         except Exception as exc:
             lane.status.error = f"{type(exc).__name__}: {exc}"
+            # A pending block past retention under out_of_range = "fail" fails the same way
+            # on every leader: it waits for ops (kafka.out_of_range = "earliest" skips it).
+            lane.status.restartable = not isinstance(exc, OffsetOutOfRangeError)
             lane.log.error("flush.failed_permanently", error=lane.status.error)
             lane.status.enter(PipelineState.FAILED, lane.log, error=lane.status.error)
             signals.stop.set()
         finally:
             signals.beats_end()
+
+    def _reflush(self, pending: PendingReflush) -> None:
+        """Flush exactly the pending ranges again, with the same block id (same tokens)."""
+        lane, topic = self.lane, self.lane.config.topic
+        lane.status.reflushing = True
+        try:
+            if pending.block is not None:
+                source, block = "wal", pending.block
+            else:
+                source = "kafka"
+                rows, dead = self.parts.refetch(pending.ranges, self.decoder)
+                lane.status.refetched_rows += rows.num_rows
+                block = make_block(
+                    pending.intent.block_id,
+                    {(topic, p): r for p, r in pending.ranges.items()},
+                    rows,
+                    dead,
+                )
+            lane.log.info(
+                "pending.reflush",
+                block=block.block_id,
+                source=source,
+                rows=block.row_count,
+                dead=block.dead_count,
+            )
+            self.flush_and_commit(block, intent_written=True)
+        finally:
+            lane.status.reflushing = False
 
     def flush_and_commit(self, block: PipelineBlock, *, intent_written: bool) -> None:
         """pending -> ClickHouse (retried until it lands) -> checkpoint -> drop -> truncate."""
@@ -78,24 +133,26 @@ class FlushLane:
                 intent = PendingIntent(
                     block.block_id,
                     {topic: {p: (r.first, r.last + 1) for p, r in parts.items()}},
-                    self.fenced.epoch,
+                    self.parts.fenced.epoch,
                 )
                 signals.wait_gate()
-                self.fenced.write_pending(name, intent)
+                self.parts.fenced.write_pending(name, intent)
                 lane.crash.hit("flush.after_pending")
             lane.status.pending_block = block.block_id
-            flushed = self._flush_with_retry(block)
+            flushed = self._retry(
+                "flush", block, lambda: self.parts.sink.flush(block, self.parts.replicas())
+            )
             lane.crash.hit("flush.after_insert")
             signals.wait_gate()
             if signals.abandoned.is_set():
                 raise PipelineStopped("flush abandoned")
-            committed = self.fenced.commit_checkpoint(
+            committed = self.parts.fenced.commit_checkpoint(
                 name, {topic: {p: r.last + 1 for p, r in parts.items()}}
             )
             self.checkpoint = {int(p): int(o) for p, o in committed.get(topic, {}).items()}
             lane.crash.hit("flush.after_checkpoint")
             lane.buffer.commit(block)
-            signals.committed.set()
+            signals.note_commit()
             self._truncate_wal()
             took = time.monotonic() - began
             status = lane.status
@@ -118,29 +175,40 @@ class FlushLane:
         finally:
             signals.flush_idle.set()
 
-    def _flush_with_retry(self, block: PipelineBlock) -> Flushed:
+    def _retry(self, what: str, block: PipelineBlock | None, call: Callable[[], T]) -> T:
+        """`call()` until it succeeds, backing off from 0.5 s to 10 s; PipelineStopped if the
+        pipeline stops meanwhile. ClickHouse being away is waited out, never skipped."""
         delay = BACKOFF_INITIAL_S
         attempt = 0
-        lane = self.lane
-        signals = lane.signals
+        signals = self.lane.signals
         while True:
             attempt += 1
             signals.beat()
             signals.wait_gate()
             try:
-                return self.sink.flush(block, self.replicas())
+                result = call()
             except Exception as exc:
-                lane.meters.flush_failed()
-                lane.log.warning(
-                    "flush.retry",
-                    block=block.block_id,
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                # Shown by `status` while it lasts; the shard reports the pipeline stuck once
+                # it lasts `stuck_after` (the retries go on).
+                self.lane.status.error = f"{what} failing: {type(exc).__name__}: {exc}"[:500]
+                self.lane.meters.flush_failed()
+                self.lane.log.warning(
+                    f"{what}.retry",
+                    block=None if block is None else block.block_id,
                     attempt=attempt,
                     error=f"{type(exc).__name__}: {exc}"[:500],
                     backoff_s=delay,
                 )
                 if signals.stop.wait(delay):
-                    raise PipelineStopped("stopped while retrying a flush") from None
+                    raise PipelineStopped(f"stopped while retrying ({what})") from None
                 delay = min(delay * 2, BACKOFF_MAX_S)
+            else:
+                if self.failing_since is not None:
+                    self.failing_since, self.lane.status.error = None, None
+                    self.lane.log.info(f"{what}.recovered", attempts=attempt)
+                return result
 
     def _truncate_wal(self) -> None:
         wal = self.wal

@@ -32,12 +32,12 @@ from buffer import Catalog, OffsetRange
 from hakafka.config import PipelineConfig
 from hakafka.consumer import DecodeError, Decoder
 from hakafka.consumer.schema import dead_letter_arrow_schema
-from hakafka.coordination import FencedError, PendingIntent
+from hakafka.coordination import FencedError
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
-from hakafka.pipeline.buffer import PipelineBuffer, make_block
+from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
 from hakafka.pipeline.consume import ConsumeLane
-from hakafka.pipeline.flush import FlushLane
+from hakafka.pipeline.flush import FlushLane, PendingReflush
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import PipelineParts, Wal
@@ -46,6 +46,7 @@ from hakafka.pipeline.replay import (
     WalIndex,
     checkpoint_offsets,
     covers,
+    pending_ranges,
     pending_rows,
     select_rows,
 )
@@ -101,11 +102,8 @@ class PipelineLeader:
             log=self._log,
         )
         self._consume = ConsumeLane(lane, decoder)
-        self._flush = FlushLane(
-            lane, thresholds_of(config), parts.sink, parts.fenced, parts.replicas
-        )
+        self._flush = FlushLane(lane, thresholds_of(config), parts, decoder)
         self._wal: Wal | None = None
-        self._replay_next: dict[int, int] = {}
         self._registered: list[str] = []
         self._threads_done = 0
         self._done_lock = threading.Lock()
@@ -119,8 +117,16 @@ class PipelineLeader:
     # -- control -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._register_tables()
-        self._main.start()
+        """Start recovery, then consumption, on the pipeline's own thread. Never raises: a
+        pipeline that cannot start (its buffer's names still held, a thread refused) is
+        `failed` with the reason, so the shard restarts it like any failed pipeline."""
+        try:
+            self._register_tables()
+            self._main.start()
+        except Exception as exc:
+            self._release_tables()
+            self.status.error = f"could not start: {type(exc).__name__}: {exc}"
+            self.status.enter(PipelineState.FAILED, self._log, error=self.status.error)
 
     def _register_tables(self) -> None:
         """Make the buffer queryable as `<pipeline>` (and `<pipeline>_dead_letter`).
@@ -155,9 +161,11 @@ class PipelineLeader:
         if not clean:
             signals.abandoned.set()
             self._log.warning("flush.abandoned", grace_s=grace)
-        self._main.join(timeout=JOIN_TIMEOUT_S)
-        if clean and self._flusher.ident is not None:  # never started if stopped in recovery
-            self._flusher.join(timeout=JOIN_TIMEOUT_S)
+        for thread in (self._main, self._flusher):
+            # Either may never have started (start failed, stopped during recovery); an
+            # abandoned flush thread ends by itself once its insert returns.
+            if thread.ident is not None and (clean or thread is self._main):
+                thread.join(timeout=JOIN_TIMEOUT_S)
         return clean
 
     @property
@@ -174,8 +182,15 @@ class PipelineLeader:
         return False
 
     def stalled_for(self, now: float) -> float:
-        """Seconds since the least recent step of a running pipeline thread (0: none runs)."""
-        return self._signals.stalled_for(now)
+        """Seconds without progress: since the least recent step of a running thread (a hung
+        call), since the first of the flush attempts failing in a row, or since the consumer
+        paused at the buffer limit with no flush committed after. 0 when all goes on."""
+        stalls = [self._signals.stalled_for(now)]
+        if (failing := self._flush.failing_since) is not None:
+            stalls.append(now - failing)
+        if (paused := self._consume.paused_since) is not None:
+            stalls.append(now - max(paused, self._signals.committed_at))
+        return max(0.0, *stalls)
 
     def lag(self) -> dict[int, int]:
         """Messages behind the fetched high watermark per partition (as of the last poll)."""
@@ -190,12 +205,12 @@ class PipelineLeader:
     def _run(self) -> None:
         self._signals.beat()
         try:
-            wal = self._recover()
+            self.status.enter(PipelineState.RECOVERING, self._log)
+            wal = self._open_wal()
+            starts = self._recover(wal)
             self._flusher.start()
-            self._replay(wal)
-            self._consume.assign(
-                self._parts.consumer(), {**self._flush.checkpoint, **self._replay_next}
-            )
+            starts.update(self._replay(wal, starts))
+            self._consume.assign(self._parts.consumer(), starts)
             self.status.enter(PipelineState.CONSUMING, self._log)
             self._consume.run(wal)
             self._set_stopped()
@@ -220,77 +235,78 @@ class PipelineLeader:
         try:
             self._flush.run()
         finally:
+            # The lanes live and die together: a flush lane that ended (fenced, failed) must
+            # not leave the consumer filling a buffer that nothing drains.
+            self._signals.stop.set()
             self._thread_done()
 
     def _set_stopped(self) -> None:
         """`stopped`, unless the flush thread failed first (its error is the story)."""
-        if self.status.state is not PipelineState.FAILED:
-            self.status.enter(PipelineState.STOPPED, self._log)
+        self.status.enter(PipelineState.STOPPED, self._log)
 
-    def _recover(self) -> Wal:
-        """Open the WAL, make sure the tables exist, re-flush a pending block."""
-        self.status.enter(PipelineState.RECOVERING, self._log)
-        parts = self._parts
-        self._wal = wal = parts.open_wal()
+    def _open_wal(self) -> Wal:
+        self._wal = wal = self._parts.open_wal()
         self._flush.wal = wal
         report = wal.repair_report
         if not report.clean:
             self._log.error("wal.repaired", directory=str(wal.directory), report=repr(report))
-        parts.sink.ensure_tables(parts.replicas())
-        name = self.config.name
-        self._flush.checkpoint = checkpoint_offsets(
-            parts.fenced.read_checkpoint(name), self.config.topic
-        )
-        pending = parts.fenced.read_pending(name)
+        return wal
+
+    def _recover(self, wal: Wal) -> dict[int, int]:
+        """Read checkpoint and pending, hand the pending block to the flush lane (rows from
+        the local WAL when it has every offset, else to be re-read from Kafka there); return
+        where this term's data starts: after the checkpoint, or after the pending block.
+
+        Nothing here waits for Spark or ClickHouse: the flush lane re-flushes the pending
+        block while the consumer already runs, and seals the next block only after it."""
+        name, topic, fenced = self.config.name, self.config.topic, self._parts.fenced
+        self._flush.checkpoint = checkpoint_offsets(fenced.read_checkpoint(name), topic)
+        pending = fenced.read_pending(name)
         self._log.info(
             "pipeline.recovering",
             checkpoint=self._flush.checkpoint,
             pending=None if pending is None else pending.block_id,
-            epoch=parts.fenced.epoch,
+            epoch=fenced.epoch,
         )
+        starts = dict(self._flush.checkpoint)
         if pending is not None:
-            self._reflush(wal, pending)
-        return wal
+            wanted = pending_ranges(pending, topic)
+            self._flush.pending = PendingReflush(
+                pending, wanted, self._pending_from_wal(wal, pending.block_id, wanted)
+            )
+            starts.update({p: rng.last + 1 for p, rng in wanted.items()})
+        return starts
 
-    def _reflush(self, wal: Wal, pending: PendingIntent) -> None:
-        """Flush exactly the pending ranges again, with the same block id (same tokens): rows
-        from the local WAL when it has every offset, else re-read from Kafka."""
+    def _pending_from_wal(
+        self, wal: Wal, block_id: str, wanted: dict[int, OffsetRange]
+    ) -> PipelineBlock | None:
+        """The pending block rebuilt from the local WAL, or None if it lacks some offset."""
         topic = self.config.topic
-        wanted = {
-            p: OffsetRange(first, end - 1)
-            for p, (first, end) in pending.ranges.get(topic, {}).items()
-            if end > first
-        }
-        held = [ranges_of(decode_header(r)) for r in wal.replay()]
-        partition_ranges = [{p: rng for (t, p), rng in r.items() if t == topic} for r in held]
-        if covers(partition_ranges, wanted):
-            batches = (decode(record) for record in wal.replay())
-            rows, dead = pending_rows(batches, topic, wanted, self.buffer.rows.schema)
-            source = "wal"
-        else:
-            rows, dead = self._parts.refetch(wanted, self.decoder)
-            source = "kafka"
-            self.status.refetched_rows += rows.num_rows
-        ranges = {(topic, p): rng for p, rng in wanted.items()}
-        block = make_block(pending.block_id, ranges, rows, dead)
-        self._log.info(
-            "pending.reflush",
-            block=pending.block_id,
-            source=source,
-            rows=block.row_count,
-            dead=block.dead_count,
-        )
-        self._flush.flush_and_commit(block, intent_written=True)
+        held = []
+        for record in wal.replay():
+            self._check_stop("stopped while reading the pending block")
+            held.append(
+                {p: r for (t, p), r in ranges_of(decode_header(record)).items() if t == topic}
+            )
+        if not covers(held, wanted):
+            return None
+        batches = (decode(record) for record in wal.replay())
+        rows, dead = pending_rows(batches, topic, wanted, self.buffer.rows.schema)
+        return make_block(block_id, {(topic, p): rng for p, rng in wanted.items()}, rows, dead)
 
-    def _replay(self, wal: Wal) -> None:
-        """Put WAL records at or past the checkpoint back into the buffer."""
+    def _check_stop(self, why: str) -> None:
+        self._signals.beat()
+        if self._signals.stop.is_set():
+            raise PipelineStopped(why)
+
+    def _replay(self, wal: Wal, starts: dict[int, int]) -> dict[int, int]:
+        """Put WAL records at or past `starts` back into the buffer; return the next offset
+        per partition the WAL had (a gap ends a partition's replay)."""
         topic = self.config.topic
-        cursor = ReplayCursor(dict(self._flush.checkpoint))
+        cursor = ReplayCursor(dict(starts))
         replayed = 0
         for record in wal.replay():
-            if self._signals.stop.is_set():
-                raise PipelineStopped("stopped during replay")
-            self._signals.beat()
+            self._check_stop("stopped during replay")
             ranges = {
                 p: rng for (t, p), rng in ranges_of(decode_header(record)).items() if t == topic
             }
@@ -303,7 +319,6 @@ class PipelineLeader:
             dead = select_rows(batch.dead_letters, keep) if batch.dead_letters is not None else None
             self._consume.append(rows, dead, {(topic, p): rng for p, rng in keep.items()})
             replayed += rows.num_rows
-        self._replay_next = cursor.next_offsets
         self.status.replayed_rows = replayed
         self._log.info(
             "wal.replayed",
@@ -311,6 +326,7 @@ class PipelineLeader:
             next_offsets=cursor.next_offsets,
             gaps=sorted(cursor.closed),
         )
+        return cursor.next_offsets
 
     # -- teardown ------------------------------------------------------------------------
 
@@ -320,13 +336,19 @@ class PipelineLeader:
             self._threads_done += 1
             if self._threads_done < 2:
                 return
-        self._consume.close()
-        wal, self._wal = self._wal, None
-        self._flush.wal = None
-        if wal is not None:
-            wal.close()
-        self._meters.buffer(None)
+        try:
+            self._consume.close()
+            wal, self._wal = self._wal, None
+            self._flush.wal = None
+            if wal is not None:
+                wal.close()
+        finally:
+            # Even if closing failed: the next pipeline of this name needs the buffer's names.
+            self._meters.buffer(None)
+            self._release_tables()
+            self._log.info("pipeline.released")
+
+    def _release_tables(self) -> None:
         for name in self._registered:
             self._catalog.remove(name)
         self._registered.clear()
-        self._log.info("pipeline.released")

@@ -8,46 +8,65 @@ deduplication tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
 from buffer import OffsetRange
-from hakafka.consumer import Decoder, PartitionConsumer
+from hakafka.consumer import Decoder, OutOfRange, PartitionConsumer
+from hakafka.consumer.messages import KafkaMessage
 
 
 class RefetchError(RuntimeError):
-    """The ranges could not be read back in time (names the partitions still short)."""
+    """The ranges stopped arriving (names the partitions still short)."""
 
 
 @dataclass(frozen=True)
 class KafkaRefetch:
-    """Re-reads offset ranges of `topic` with a short-lived consumer of its own."""
+    """Re-reads offset ranges of `topic` with a short-lived consumer of its own.
+
+    Offsets below the log start (past retention) follow `out_of_range` like consumption does:
+    `fail` raises OffsetOutOfRangeError naming them; `earliest` re-reads what is left (the
+    consumer logs what was skipped). A read gives up only after `stall_s` seconds without a
+    wanted message, so a block of any size can be re-read.
+    """
 
     bootstrap: str
     topic: str
     settings: Mapping[str, str]
-    timeout: float = 120.0
+    out_of_range: OutOfRange = OutOfRange.FAIL
+    stall_s: float = 60.0
+    make_consumer: Callable[[KafkaRefetch, list[int]], RefetchConsumer] | None = None
+    """Tests pass a fake; by default a PartitionConsumer of the given partitions."""
+
+    def _consumer(self, partitions: list[int]) -> RefetchConsumer:
+        if self.make_consumer is not None:
+            return self.make_consumer(self, partitions)
+        return PartitionConsumer(
+            self.bootstrap,
+            self.topic,
+            partitions,
+            settings=self.settings,
+            out_of_range=self.out_of_range,
+            group_id="hakafka-refetch",
+        )
 
     def __call__(
         self, ranges: Mapping[int, OffsetRange], decoder: Decoder
     ) -> tuple[pa.Table, pa.Table | None]:
         """The decoded rows and dead letters of exactly `ranges` (partition -> inclusive
-        range); RefetchError if they cannot be read within `timeout`."""
-        consumer = PartitionConsumer(
-            self.bootstrap,
-            self.topic,
-            sorted(ranges),
-            settings=self.settings,
-            group_id="hakafka-refetch",
-        )
+        range); RefetchError if they stop arriving for `stall_s` seconds."""
+        consumer = self._consumer(sorted(ranges))
         rows: list[pa.RecordBatch] = []
         dead: list[pa.RecordBatch] = []
-        reached = {p: rng.first for p, rng in ranges.items()}
-        deadline = time.monotonic() + self.timeout
         try:
             consumer.assign({p: rng.first for p, rng in ranges.items()})
+            # `earliest` may have moved a start past the wanted range (all of it expired).
+            positions = consumer.position()
+            reached = {p: max(rng.first, positions.get(p, rng.first)) for p, rng in ranges.items()}
+            deadline = time.monotonic() + self.stall_s
             while any(reached[p] <= rng.last for p, rng in ranges.items()):
                 if time.monotonic() > deadline:
                     short = {
@@ -56,8 +75,8 @@ class KafkaRefetch:
                         if reached[p] <= rng.last
                     }
                     raise RefetchError(
-                        f"topic {self.topic}: could not re-read offsets within "
-                        f"{self.timeout:.0f} s; partition -> (next, last wanted): {short}"
+                        f"topic {self.topic}: no wanted offset arrived for {self.stall_s:.0f} s; "
+                        f"partition -> (next, last wanted): {short}"
                     )
                 wanted = []
                 for message in consumer.consume(10_000, 0.5):
@@ -70,6 +89,7 @@ class KafkaRefetch:
                         reached[partition] = max(reached[partition], offset)
                         consumer.pause([partition])
                 if wanted:
+                    deadline = time.monotonic() + self.stall_s
                     decoded = decoder.decode(wanted)
                     rows.append(decoded.rows)
                     if decoded.dead_letters is not None:
@@ -79,3 +99,17 @@ class KafkaRefetch:
         schema = decoder.schema.arrow_schema()
         dead_table = pa.Table.from_batches(dead) if dead else None
         return pa.Table.from_batches(rows, schema=schema), dead_table
+
+
+class RefetchConsumer(Protocol):
+    """What the re-fetch asks of its consumer (PartitionConsumer)."""
+
+    def assign(self, start_offsets: Mapping[int, int]) -> list[int]: ...
+
+    def position(self) -> dict[int, int]: ...
+
+    def consume(self, num_messages: int, timeout: float) -> Sequence[KafkaMessage]: ...
+
+    def pause(self, partitions: Iterable[int] | None = None) -> None: ...
+
+    def close(self) -> None: ...

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from buffer import OffsetRange
+from hakafka.coordination import PendingIntent
 from hakafka.pipeline.walcodec import WalBatch
 from wal import Position
 
@@ -84,6 +85,16 @@ def covers(records: Iterable[PartitionRanges], wanted: PartitionRanges) -> bool:
         if reach <= need.last:
             return False
     return True
+
+
+def pending_ranges(intent: PendingIntent, topic: str) -> dict[int, OffsetRange]:
+    """The inclusive offset range per partition of a pending block (the intent stores
+    `[first, end)`)."""
+    return {
+        p: OffsetRange(first, end - 1)
+        for p, (first, end) in intent.ranges.get(topic, {}).items()
+        if end > first
+    }
 
 
 def pending_rows(

@@ -36,6 +36,7 @@ class PipelineStatus:
     last_flush_rows: int = 0
     last_flush_seconds: float = 0.0
     pending_block: str | None = None
+    reflushing: bool = False  # the block in flight is one a former leader left pending
     checkpoint: dict[int, int] = field(default_factory=dict)
     replayed_rows: int = 0
     refetched_rows: int = 0
@@ -45,7 +46,11 @@ class PipelineStatus:
     restartable: bool = True
 
     def enter(self, state: PipelineState, log: Any, **fields: object) -> None:
-        """Move to `state` and log `pipeline.<state>` (every change of state is logged)."""
+        """Move to `state` and log `pipeline.<state>` (every change of state is logged).
+        `failed` is final: a lane that failed is not overwritten by the other lane's
+        progress (a restart makes a new pipeline)."""
+        if self.state is PipelineState.FAILED:
+            return
         self.state = state
         level = "error" if state is PipelineState.FAILED else "info"
         getattr(log, level)(f"pipeline.{state.value}", **fields)
@@ -56,7 +61,9 @@ class Signals:
 
     - `stop`: the pipeline ends; every wait checks it.
     - `gate`: set while side effects are allowed (cleared while ZooKeeper is suspended).
-    - `committed`: a flush committed, so batches held at the buffer limit may go in.
+    - `commits`: how many flushes committed; a batch held at the buffer limit goes in after
+      the next one (a counter, not an event: a commit between the refusal and the wait must
+      not be lost).
     - `flush_idle`: no block is in flight (what `stop` waits for within its grace).
     - `abandoned`: stop's grace ran out: the block in flight must not commit.
     """
@@ -65,13 +72,27 @@ class Signals:
         self.stop = threading.Event()
         self.gate = threading.Event()
         self.gate.set()
-        self.committed = threading.Event()
+        self.commits = 0
+        self.committed_at = time.monotonic()  # the last commit, or the start
+        self._committed = threading.Condition()
         self.flush_idle = threading.Event()
         self.flush_idle.set()
         self.abandoned = threading.Event()
         # Thread id -> monotonic time of its last step; a running thread that stops stepping
         # (a hung disk, driver or call) makes the pipeline stuck.
         self._beats: dict[int, float] = {}
+
+    def note_commit(self) -> None:
+        """A flush committed: wake batches waiting for room."""
+        with self._committed:
+            self.commits += 1
+            self.committed_at = time.monotonic()
+            self._committed.notify_all()
+
+    def wait_commit(self, seen: int, timeout: float) -> bool:
+        """True once `commits` has moved past `seen` (at once if it already has)."""
+        with self._committed:
+            return self._committed.wait_for(lambda: self.commits != seen, timeout)
 
     def beat(self) -> None:
         """The calling thread made a step."""

@@ -12,17 +12,24 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import structlog
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from buffer import Catalog, OffsetRange
 from hakafka.config import Config, PipelineConfig, parse_config
 from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
+from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError, PendingIntent
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineParts
-from hakafka.pipeline.buffer import PipelineBlock
+from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer
+from hakafka.pipeline.consume import ConsumeLane
+from hakafka.pipeline.lane import Lane
+from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Flushed, Wal
+from hakafka.pipeline.replay import WalIndex
+from hakafka.pipeline.state import PipelineStatus, Signals
 from spark_bridge.replicas import Replica
 from wal import WriteAheadLog
 
@@ -167,6 +174,7 @@ class FakeFenced:
         self.checkpoint: Checkpoint = {}
         self.pending: PendingIntent | None = None
         self.fenced = False
+        self.refuse_writes = False  # as while the ZooKeeper connection is suspended
         self.commits = 0
         self._lock = threading.Lock()
 
@@ -176,8 +184,8 @@ class FakeFenced:
         following.checkpoint, following.pending = self.checkpoint, self.pending
         return following
 
-    def _check(self) -> None:
-        if self.fenced:
+    def _check(self, write: bool = False) -> None:
+        if self.fenced or (write and self.refuse_writes):
             raise FencedError(f"epoch {self.epoch} is over")
 
     def read_checkpoint(self, pipeline: str) -> Checkpoint:
@@ -190,12 +198,12 @@ class FakeFenced:
 
     def write_pending(self, pipeline: str, intent: PendingIntent) -> None:
         with self._lock:
-            self._check()
+            self._check(write=True)
             self.pending = intent
 
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint:
         with self._lock:
-            self._check()
+            self._check(write=True)
             for topic, parts in offsets.items():
                 self.checkpoint.setdefault(topic, {}).update(parts)
             self.pending = None
@@ -317,6 +325,36 @@ class Harness:
             metrics=Metrics.create(registry=_registry()),
             crash=self.crash,
         )
+
+    def consume_lane(self) -> ConsumeLane:
+        """A consume lane of this pipeline on its own, with a fresh buffer and signals."""
+        pipeline = self.pipeline
+        decoder = decoder_for(pipeline)
+        lane = Lane(
+            config=pipeline,
+            buffer=PipelineBuffer(
+                pipeline.name,
+                decoder.schema.arrow_schema(),
+                dead_letter_arrow_schema(),
+                pipeline.buffer.limit_bytes,
+            ),
+            index=WalIndex(),
+            signals=Signals(),
+            status=PipelineStatus(),
+            meters=PipelineMeters(
+                Metrics.create(registry=_registry()), pipeline.name, 0, pipeline.on_error
+            ),
+            crash=self.crash,
+            log=structlog.get_logger("tests"),
+        )
+        return ConsumeLane(lane, decoder)
+
+
+def decoder_rows(h: Harness) -> pa.RecordBatch:
+    """One decoded row of `h`'s pipeline."""
+    topic = Topic(partitions=1)
+    topic.produce(0, 1)
+    return decoder_for(h.pipeline).decode(topic.logs[0]).rows
 
 
 def _registry() -> Any:

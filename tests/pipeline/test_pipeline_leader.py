@@ -7,15 +7,24 @@ checkpoint at the exact end offsets, nothing committed by a leader whose term is
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from buffer import BufferFull
 from hakafka.coordination import PendingIntent
 from hakafka.pipeline import PipelineLeader, PipelineState
-from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, wait_for
+from tests.pipeline.fakes import (
+    TOPIC,
+    Harness,
+    Topic,
+    decoder_rows,
+    pipeline_config,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -200,3 +209,124 @@ def test_bad_message_with_on_error_fail_fails_for_good(
     assert leader.status.restartable is False
     assert "offset 4" in (leader.status.error or "")
     assert h.fenced.commits == 0
+
+
+def test_new_leader_consumes_while_its_pending_block_is_reflushed(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # Consuming and buffer queries never wait for Spark or ClickHouse: the re-flush of the
+    # pending block runs in the flush lane, and the next block is sealed after it commits.
+    topic = Topic(partitions=1)
+    topic.produce(0, 100)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    pending = insert_then_lose_the_term(h, leaders)
+    topic.produce(0, 50)
+    h.sink.gate.clear()
+    h.sink.entered.clear()
+    second = start(h, leaders)
+    assert second.wait_consuming(5.0), "the new leader waited for its re-flush"
+    wait_for(h.sink.entered.is_set, "the re-flush")
+    wait_for(lambda: second.buffer.rows.row_count == 50, "the new rows in the buffer")
+    assert second.status.reflushing and second.status.pending_block == pending.block_id
+    assert h.fenced.checkpoint == {}
+    h.sink.gate.set()
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 150}, "both blocks committed")
+    first_block, second_block = h.sink.rows  # in flush order: the pending block first
+    assert first_block == pending.block_id
+    assert h.sink.rows[second_block].column("_offset").to_pylist() == list(range(100, 150))
+    assert h.sink.offsets() == every_offset(topic)
+    assert not second.status.reflushing
+
+
+def test_a_flush_lane_that_ends_stops_the_whole_pipeline(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # A FencedError while ZooKeeper is suspended ends the flush lane; the consume lane must
+    # not go on filling a buffer that nothing drains (and keep counting as healthy).
+    topic = Topic(partitions=1)
+    topic.produce(0, 30)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.fenced.refuse_writes = True
+    leader = start(h, leaders)
+    wait_for(lambda: not leader.running, "the pipeline to stop with its flush lane")
+    assert leader.status.state is PipelineState.STOPPED
+    assert h.fenced.commits == 0 and h.sink.attempts == 0
+
+
+def test_a_pipeline_that_cannot_start_fails_and_stops_cleanly(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(), Topic(partitions=1))
+    start(h, leaders)  # holds `events`
+    h.wal_dir_name = "wal-2"
+    start(h, leaders)  # holds `events_shard0`
+    h.wal_dir_name = "wal-3"
+    third = start(h, leaders)
+    assert third.status.state is PipelineState.FAILED
+    assert "already in the catalog" in (third.status.error or "")
+    assert third.status.restartable and not third.running
+    assert third.stop(0.0)  # a never-started pipeline stops without raising
+
+
+def test_a_commit_between_buffer_full_and_the_wait_is_not_lost(tmp_path: Path) -> None:
+    # The flush lane commits right after the buffer refused a batch and before the consume
+    # lane waits: the batch must go in at once, not wait for a commit that already happened.
+    h = Harness(tmp_path, pipeline_config(), Topic(partitions=1))
+    lane = h.consume_lane()
+    refusals: list[int] = []
+
+    def full_once(rows: object, dead: object, ranges: object) -> None:
+        if not refusals:
+            refusals.append(1)
+            lane.lane.signals.note_commit()  # the flush lane, between refusal and wait
+            raise BufferFull("events", 1, 1, 1)
+        appended.append(ranges)
+
+    appended: list[object] = []
+    lane.lane.buffer.append = full_once  # type: ignore[method-assign]
+    batch = decoder_rows(h)
+    done = threading.Thread(target=lane.append, args=(batch, None, {}), daemon=True)
+    done.start()
+    done.join(timeout=2.0)
+    lane.lane.signals.stop.set()
+    assert not done.is_alive() and appended == [{}], "the commit's wake-up was lost"
+
+
+def test_flushes_failing_show_as_stalled_with_clickhouses_error_and_go_on(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_INITIAL_S", 0.01)
+    monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_MAX_S", 0.05)
+    topic = Topic(partitions=1)
+    topic.produce(0, 20)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.sink.failures = 10**9  # ClickHouse rejects this block, always
+    leader = start(h, leaders)
+    wait_for(lambda: h.sink.attempts >= 3, "retries")
+    time.sleep(0.5)
+    assert leader.stalled_for(time.monotonic()) >= 0.5
+    assert "ClickHouse is away" in (leader.status.error or "")
+    assert leader.status.state is PipelineState.CONSUMING  # still retrying, not failed
+    attempts = h.sink.attempts
+    wait_for(lambda: h.sink.attempts > attempts, "the retries to go on")
+    h.sink.failures = 0
+    wait_for(lambda: h.fenced.commits == 1, "the block to land once ClickHouse takes it")
+    assert leader.status.error is None
+    assert leader.stalled_for(time.monotonic()) < 0.5
+
+
+def test_a_paused_consumer_with_no_flush_committing_is_stalled(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # Its threads keep stepping (they poll), but nothing moves: that is no progress.
+    topic = Topic(partitions=1)
+    topic.produce(0, 2_000)
+    h = Harness(tmp_path, pipeline_config(max_bytes=1 << 10, limit_bytes=1 << 10), topic)
+    h.sink.gate.clear()  # a flush that hangs, without an error
+    leader = start(h, leaders)
+    wait_for(lambda: bool(h.consumers) and h.consumers[0].paused, "the consumer to pause")
+    time.sleep(0.5)
+    assert leader.stalled_for(time.monotonic()) >= 0.5
+    h.sink.gate.set()
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 2_000}, "every offset committed")
+    assert leader.stalled_for(time.monotonic()) < 0.5

@@ -1,0 +1,109 @@
+"""KafkaRefetch with a stand-in consumer: ranges past retention and large, slow re-reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from buffer import OffsetRange
+from hakafka.consumer import OffsetOutOfRangeError
+from hakafka.consumer.messages import KafkaMessage
+from hakafka.pipeline import PipelineLeader, PipelineState
+from hakafka.pipeline.refetch import KafkaRefetch, RefetchConsumer, RefetchError
+from tests.pipeline.fakes import Harness, Topic, decoder_for, pipeline_config, wait_for
+from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term, leaders, start
+
+__all__ = ["leaders"]  # the fixture, used by name
+
+
+class TrickleConsumer:
+    """Serves a topic's messages `per_poll` at a time, `delay` s apart, from `starts` (or from
+    where `assign` asked)."""
+
+    def __init__(self, topic: Topic, per_poll: int, delay: float, starts: dict[int, int]):
+        self.topic, self.per_poll, self.delay, self.starts = topic, per_poll, delay, starts
+        self.next: dict[int, int] = {}
+
+    def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
+        self.next = {p: max(o, self.starts.get(p, o)) for p, o in start_offsets.items()}
+        return sorted(self.next)
+
+    def position(self) -> dict[int, int]:
+        return dict(self.next)
+
+    def consume(self, num_messages: int, timeout: float) -> Sequence[KafkaMessage]:
+        time.sleep(self.delay)
+        out = []
+        for p, at in self.next.items():
+            out.extend(self.topic.logs[p][at : at + self.per_poll])
+            self.next[p] = at + len(out)
+        return out
+
+    def pause(self, partitions: Iterable[int] | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def refetch_over(consumer: TrickleConsumer, stall_s: float) -> KafkaRefetch:
+    def make(_refetch: KafkaRefetch, _partitions: list[int]) -> RefetchConsumer:
+        return consumer
+
+    return KafkaRefetch("127.0.0.1:1", "events", {}, stall_s=stall_s, make_consumer=make)
+
+
+def test_range_wholly_past_retention_under_earliest_returns_what_is_left(tmp_path: Path) -> None:
+    topic = Topic(partitions=1)
+    topic.produce(0, 100)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    # `earliest` moved the start to the log start, 60, past the wanted 10..50.
+    consumer = TrickleConsumer(topic, per_poll=10, delay=0.0, starts={0: 60})
+    rows, dead = refetch_over(consumer, stall_s=5.0)(
+        {0: OffsetRange(10, 50)}, decoder_for(h.pipeline)
+    )
+    assert rows.num_rows == 0 and dead is None
+
+
+def test_a_slow_large_reread_goes_on_while_offsets_arrive(tmp_path: Path) -> None:
+    topic = Topic(partitions=1)
+    topic.produce(0, 40)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    consumer = TrickleConsumer(topic, per_poll=4, delay=0.05, starts={})
+    began = time.monotonic()
+    rows, _ = refetch_over(consumer, stall_s=0.3)({0: OffsetRange(0, 39)}, decoder_for(h.pipeline))
+    assert time.monotonic() - began > 0.3  # longer than the stall bound, but never stalled
+    assert rows.column("_offset").to_pylist() == list(range(40))
+
+
+def test_a_reread_that_stalls_names_what_is_missing(tmp_path: Path) -> None:
+    topic = Topic(partitions=1)
+    topic.produce(0, 5)  # the wanted range goes to 9: offsets 5..9 never come
+    h = Harness(tmp_path, pipeline_config(), topic)
+    consumer = TrickleConsumer(topic, per_poll=5, delay=0.01, starts={})
+    with pytest.raises(RefetchError, match=r"no wanted offset arrived for 0 s.*0: \(5, 9\)"):
+        refetch_over(consumer, stall_s=0.2)({0: OffsetRange(0, 9)}, decoder_for(h.pipeline))
+
+
+def test_pending_block_past_retention_under_fail_waits_for_ops(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    topic = Topic(partitions=1)
+    topic.produce(0, 30)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    insert_then_lose_the_term(h, leaders)
+
+    def expired(_ranges: Mapping[int, OffsetRange], _decoder: object) -> object:
+        raise OffsetOutOfRangeError("events", 0, 0, 20, 30)
+
+    h.refetch = expired  # type: ignore[assignment]
+    h.wal_dir_name = "another-node-wal"
+    second = start(h, leaders)
+    wait_for(lambda: not second.running, "the pipeline to fail")
+    assert second.status.state is PipelineState.FAILED
+    assert second.status.restartable is False
+    assert "out of range" in (second.status.error or "")
+    assert h.fenced.pending is not None and h.fenced.commits == 0
