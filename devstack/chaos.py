@@ -14,6 +14,9 @@ back anything still down. The seed comes from `CHAOS_SEED` when set, so a run ca
 session. `commit_violations` reads each daemon's JSON log for `fenced.checkpoint_committed`
 and says whether two nodes ever committed for the same shard and epoch or a shard's epochs
 went backwards; `verify_wals` runs `python -m wal verify` on every WAL directory.
+`election_timings` reads, for every `leader.elected` of every daemon, how long it took until
+that node's `leader.consuming` for the shard (or why it never got there); `consuming_summary`
+is the distribution the run prints and `too_slow` what fails the long run.
 `python -m devstack.chaos forward LHOST:LPORT=THOST:TPORT ...` is the TCP forwarder
 that carries a namespaced daemon's traffic to the services on 127.0.0.1.
 
@@ -27,19 +30,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +56,7 @@ from devstack.cluster import DaemonNode, LocalCluster
 from devstack.kafka import KafkaBroker
 from devstack.process import LOOPBACK, DevstackError, ManagedProcess, wait_until
 from devstack.zookeeper import ZooKeeperEnsemble
+from hakafka.config import load_config
 from hakafka.coordination import paths
 from hakafka.coordination.coordinator import Coordinator
 from hakafka.coordination.errors import FailoverRefused
@@ -181,21 +188,49 @@ class Commit:
     epoch: int
 
 
-def log_events(log_path: Path, names: Iterable[str]) -> list[dict[str, Any]]:
-    """The JSON log lines of `log_path` whose `event` is one of `names` (others skipped)."""
+# A node's log: one file, or the files it was rotated into (oldest first, current last).
+LogFiles = Path | Sequence[Path]
+
+
+def log_files(log_path: Path) -> list[Path]:
+    """`log_path` and the files a rotation moved it to (`<name>.1`, `<name>.2`, ...),
+    oldest first: every log a daemon wrote there. The devstack appends every process of a
+    node to the one file (`ManagedProcess` opens it in append mode), so today this is
+    `[log_path]`; rotated siblings are read too so that no run's lines are missed."""
+    rotated = [
+        (int(m.group(1)), p)
+        for p in log_path.parent.glob(f"{log_path.name}.*")
+        if (m := re.fullmatch(re.escape(log_path.name) + r"\.(\d+)", p.name)) and p.is_file()
+    ]
+    return [p for _, p in sorted(rotated, reverse=True)] + [log_path]
+
+
+def daemon_logs(cluster: LocalCluster) -> dict[str, list[Path]]:
+    """node name -> every log file of that daemon (see `log_files`)."""
+    return {name: log_files(node.log_path) for name, node in cluster.nodes.items()}
+
+
+def _files(logs: LogFiles) -> list[Path]:
+    return [logs] if isinstance(logs, Path) else list(logs)
+
+
+def log_events(logs: LogFiles, names: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON log lines of `logs` (one file or several, read in that order) whose `event`
+    is one of `names` (others skipped)."""
     wanted = set(names)
     found: list[dict[str, Any]] = []
-    if not log_path.exists():
-        return found
-    for line in log_path.read_text(errors="replace").splitlines():
-        if not line.startswith("{"):
+    for log_path in _files(logs):
+        if not log_path.exists():
             continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and value.get("event") in wanted:
-            found.append(value)
+        for line in log_path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and value.get("event") in wanted:
+                found.append(value)
     return found
 
 
@@ -203,14 +238,175 @@ def _unix(timestamp: str) -> float:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
-def read_commits(logs: Mapping[str, Path]) -> list[Commit]:
-    """Every checkpoint commit of every node (node name -> its log file), in time order."""
+def _iso_now() -> str:
+    """Now, as the daemons' structlog `TimeStamper(fmt="iso", utc=True)` writes it."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def read_commits(logs: Mapping[str, LogFiles]) -> list[Commit]:
+    """Every checkpoint commit of every node (node name -> its log files), in time order."""
     commits = [
         Commit(_unix(e["timestamp"]), node, int(e["shard"]), str(e["pipeline"]), int(e["epoch"]))
-        for node, path in logs.items()
-        for e in log_events(path, ["fenced.checkpoint_committed"])
+        for node, files in logs.items()
+        for e in log_events(files, ["fenced.checkpoint_committed"])
     ]
     return sorted(commits, key=lambda c: c.at)
+
+
+# -- election -> consuming ----------------------------------------------------------------------
+
+# Written by `ChaosTargets.start_node` into a daemon's log just before it starts a process, so
+# a restart is visible in the log (a SIGKILLed process leaves no last line of its own, and the
+# new one may win an election before it logs `daemon.started`).
+NODE_STARTING = "chaos.daemon_starting"
+# Above the ZooKeeper session timeout, the time a leader change may take to consume.
+CONSUMING_MARGIN_S = 5.0
+# Events after which an election of (node, shard) can no longer reach `leader.consuming` in
+# that term, and the outcome recorded for it. `leader.recovery_failed` (renamed
+# `leader.handed_over` for a hand-over) counts as "never consumed", as agreed for #20: a
+# pipeline restarted later in the same term may still log `leader.consuming`; that line is
+# then not a sample. Node-wide events (no `shard`) end every open election of the node.
+ELECTION_ENDS = {
+    "leader.lost": "lost",
+    "leader.handed_over": "handed over",
+    "leader.recovery_failed": "recovery failed",
+    "leader.elected": "elected again",
+    "daemon.stopping": "daemon stopped",
+    NODE_STARTING: "daemon restarted",
+}
+LOG_ENDED = "log ended"
+
+
+@dataclass(frozen=True)
+class ElectionTiming:
+    """One `leader.elected` of `node` for `shard`: when, and when that node then logged
+    `leader.consuming` for the shard (None: never; `outcome` says what ended the term
+    first). `reported` is the consuming line's own `seconds`, which counts from the start of
+    the pipelines (after the old ones stopped and the new ones were built), not from the
+    election, and so is not the sample."""
+
+    node: str
+    shard: int
+    epoch: int
+    elected_at: float
+    consuming_at: float | None
+    outcome: str  # "consuming", or a value of ELECTION_ENDS, or LOG_ENDED
+    reported: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """Seconds from `leader.elected` to `leader.consuming` (log timestamps), or None."""
+        return None if self.consuming_at is None else self.consuming_at - self.elected_at
+
+    def describe(self) -> str:
+        told = "" if self.reported is None else f", its pipelines {self.reported:.2f} s"
+        took = "never consumed" if self.seconds is None else f"{self.seconds:.2f} s{told}"
+        return f"{self.node} shard {self.shard} epoch {self.epoch}: {took}"
+
+
+def election_timings(logs: Mapping[str, LogFiles]) -> list[ElectionTiming]:
+    """Every `leader.elected` of every node (node name -> its log files), in election order,
+    with the time until the next `leader.consuming` of the same node and shard, if one
+    comes before that node's next `leader.elected`, `leader.lost`, hand-over, failed
+    recovery, stop or restart for the shard (`ELECTION_ENDS`)."""
+    wanted = ["leader.consuming", *ELECTION_ENDS]
+    timings: list[ElectionTiming] = []
+    for node, files in logs.items():
+        events = [e for e in log_events(files, wanted) if isinstance(e.get("timestamp"), str)]
+        timings += _node_timings(node, sorted(events, key=lambda e: _unix(e["timestamp"])))
+    return sorted(timings, key=lambda t: (t.elected_at, t.node, t.shard))
+
+
+def _node_timings(node: str, events: Iterable[dict[str, Any]]) -> list[ElectionTiming]:
+    """`election_timings` of one node, from its events in time order."""
+    timings: list[ElectionTiming] = []
+    open_: dict[int, dict[str, Any]] = {}  # shard -> its `leader.elected` line
+
+    def close(shard: int, outcome: str, consuming: dict[str, Any] | None = None) -> None:
+        elected = open_.pop(shard)
+        reported = None if consuming is None else consuming.get("seconds")
+        timings.append(
+            ElectionTiming(
+                node,
+                shard,
+                int(elected["epoch"]),
+                _unix(elected["timestamp"]),
+                None if consuming is None else _unix(consuming["timestamp"]),
+                outcome,
+                None if reported is None else float(reported),
+            )
+        )
+
+    for e in events:
+        name, shard = e["event"], e.get("shard")
+        shards = list(open_) if shard is None else [int(shard)] if int(shard) in open_ else []
+        for s in shards:
+            if name == "leader.consuming":
+                close(s, "consuming", e)
+            else:
+                close(s, ELECTION_ENDS[name])
+        if name == "leader.elected" and shard is not None:
+            open_[int(shard)] = e
+    for s in list(open_):
+        close(s, LOG_ENDED)
+    return timings
+
+
+def consuming_bound(config_paths: Iterable[Path]) -> float:
+    """Session timeout + `CONSUMING_MARGIN_S`: the longest `[zookeeper] session_timeout` of
+    the daemons' configs (read as the daemons read them) plus the margin."""
+    timeouts = [load_config(p).zookeeper.session_timeout for p in config_paths]
+    return max(timeouts) + CONSUMING_MARGIN_S
+
+
+def _nearest_rank(ordered: Sequence[float], q: float) -> float:
+    """The `q` quantile (0 < q <= 1) of sorted `ordered` by nearest rank: a value of the
+    sample, the largest when there are fewer than 1/(1-q) of them."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def consuming_summary(timings: Iterable[ElectionTiming], bound: float) -> str:
+    """The distribution of election -> consuming, one line: `N changes, min, median, p90,
+    p99, max (the slowest), how many over `bound`, and the elections that never consumed
+    by what ended them first."""
+    timings = list(timings)
+    samples = [t for t in timings if t.seconds is not None]
+    never: dict[str, int] = {}
+    for t in timings:
+        if t.seconds is None:
+            never[t.outcome] = never.get(t.outcome, 0) + 1
+    why = ", ".join(f"{n} {outcome}" for outcome, n in sorted(never.items()))
+    never_text = f"never consumed: {sum(never.values())}" + (f" ({why})" if why else "")
+    if not samples:
+        return f"election -> consuming: 0 changes; {never_text}"
+    seconds = sorted(t.seconds for t in samples if t.seconds is not None)
+    slowest = max(samples, key=lambda t: t.seconds or 0.0)
+    over = sum(s > bound for s in seconds)
+    return (
+        f"election -> consuming: {len(seconds)} changes, min {seconds[0]:.2f} s, "
+        f"median {statistics.median(seconds):.2f} s, p90 {_nearest_rank(seconds, 0.9):.2f} s, "
+        f"p99 {_nearest_rank(seconds, 0.99):.2f} s, max {seconds[-1]:.2f} s "
+        f"({slowest.node} shard {slowest.shard} epoch {slowest.epoch}); "
+        f"over {bound:.1f} s: {over}; {never_text}"
+    )
+
+
+def too_slow(timings: Iterable[ElectionTiming], bound: float) -> str | None:
+    """None if every election reached consuming within `bound` s; else a message naming the
+    slowest change first (node, shard, epoch, seconds) and listing every other one over."""
+    over = sorted(
+        (t for t in timings if t.seconds is not None and t.seconds > bound),
+        key=lambda t: -(t.seconds or 0.0),
+    )
+    if not over:
+        return None
+    slowest, *others = over
+    also = f"; also over: {[t.describe() for t in others]}" if others else ""
+    return (
+        f"slowest leader change {slowest.describe()} from leader.elected to "
+        f"leader.consuming, over the bound of {bound:.1f} s (session timeout + "
+        f"{CONSUMING_MARGIN_S:.0f} s); {len(over)} over{also}"
+    )
 
 
 def commit_violations(
@@ -284,12 +480,12 @@ def verify_wals(data_dirs: Iterable[Path], timeout: float = 60.0) -> list[WalChe
     return checks
 
 
-def repaired_corruption(logs: Mapping[str, Path]) -> list[str]:
+def repaired_corruption(logs: Mapping[str, LogFiles]) -> list[str]:
     """`wal.repaired` events (WAL opened after a crash) whose report names a corruption."""
     return [
         f"{node}: {e.get('directory')}: {e.get('report')}"
-        for node, path in logs.items()
-        for e in log_events(path, ["wal.repaired"])
+        for node, files in logs.items()
+        for e in log_events(files, ["wal.repaired"])
         if "corruption=None" not in str(e.get("report"))
     ]
 
@@ -480,6 +676,15 @@ class _Skip(Exception):  # noqa: N818 (a fault that does not apply now, not an e
     """The fault has nothing to act on right now (e.g. the shard has no leader)."""
 
 
+def mark_start(log_path: Path, node: str) -> None:
+    """Append a `NODE_STARTING` line to a daemon's log (no process of it may be running: the
+    previous one was reaped, so no line of its own can interleave)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    line = {"event": NODE_STARTING, "level": "info", "node": node, "timestamp": _iso_now()}
+    with open(log_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 @dataclass
 class ChaosTargets:
     """What the driver may break. `broker_lock` is held while the broker restarts, so a
@@ -497,8 +702,10 @@ class ChaosTargets:
     netns_node: str | None = None
 
     def start_node(self, name: str) -> None:
-        """Start daemon `name` (inside the namespace if it is the namespaced one)."""
+        """Start daemon `name` (inside the namespace if it is the namespaced one), first
+        marking the restart in its log (`NODE_STARTING`)."""
         node = self.cluster.nodes[name]
+        mark_start(node.log_path, name)
         if self.netns is not None and name == self.netns_node:
             self.netns.start_daemon(node)
         else:

@@ -1,23 +1,38 @@
-"""The chaos run's end checks flag what they must: doubled leaders, backward epochs, WAL damage.
+"""The chaos run's end checks flag what they must: doubled leaders, backward epochs, WAL damage,
+slow leader changes.
 
-Plain records and real WAL files; no services. A check that never fails would make the chaos
-test pass vacuously, so each is shown failing on a constructed bad history.
+Plain records, small synthetic JSON logs and real WAL files; no services. A check that never
+fails would make the chaos test pass vacuously, so each is shown failing on a constructed bad
+history.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from devstack.chaos import (
+    NODE_STARTING,
     Commit,
+    ElectionTiming,
     LeaderObservation,
     commit_violations,
+    consuming_bound,
+    consuming_summary,
+    election_timings,
     leader_violations,
+    log_events,
+    log_files,
+    mark_start,
     read_commits,
     repaired_corruption,
+    too_slow,
     verify_wals,
 )
+from devstack.cluster import PipelineSpec, StackEndpoints, render_config
 from wal import WriteAheadLog
 from wal.segment import segment_name
 
@@ -127,3 +142,206 @@ def test_torn_tail_is_reported_but_corruption_and_quarantine_are_damage(tmp_path
     assert (checks["n2"].torn_tail, checks["n2"].damaged) == (True, False)
     assert checks["n3"].damaged and "CORRUPT" in checks["n3"].output
     assert checks["n3"].quarantined == (f"{segment.name}.at-0.corrupt",)
+
+
+# -- election -> consuming ----------------------------------------------------------------------
+
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z
+
+
+def line(event: str, t: float, **fields: Any) -> str:
+    """One daemon log line as structlog writes it, `t` seconds after T0."""
+    stamp = f"2026-01-01T00:{int(t) // 60:02d}:{t % 60:09.6f}Z"
+    return json.dumps({"event": event, "level": "info", "timestamp": stamp, **fields}) + "\n"
+
+
+def timing(
+    node: str,
+    shard: int,
+    epoch: int,
+    elected: float,
+    end: float | str,
+    *,
+    reported: float | None = None,
+) -> ElectionTiming:
+    """An election at `elected` s after T0 that consumed at `end` s (a number) or never
+    consumed because of `end` (an outcome)."""
+    consumed = isinstance(end, float | int)
+    return ElectionTiming(
+        node,
+        shard,
+        epoch,
+        T0 + elected,
+        T0 + float(end) if consumed else None,
+        "consuming" if consumed else str(end),
+        reported,
+    )
+
+
+def test_election_is_timed_to_the_next_consuming_of_that_node_and_shard(tmp_path: Path) -> None:
+    n2 = tmp_path / "n2.log"
+    n2.write_text(
+        "Spark says hello\n"  # not JSON: skipped
+        + line("election.became_leader", 9.9, shard=0, epoch=2)
+        + line("leader.elected", 10.0, shard=0, epoch=2, token=1)
+        + line("pipeline.consuming", 10.5, shard=0, pipeline="events")
+        + line("leader.consuming", 11.25, shard=0, seconds=0.9)
+        # a pipeline restarted later in the same term announces again: not a new sample
+        + line("leader.consuming", 40.0, shard=0, seconds=2.0)
+    )
+    assert election_timings({"n2": n2}) == [timing("n2", 0, 2, 10.0, 11.25, reported=0.9)]
+
+
+def test_elections_that_end_before_consuming_are_not_samples(tmp_path: Path) -> None:
+    n3 = tmp_path / "n3.log"
+    n3.write_text(
+        line("leader.elected", 1.0, shard=1, epoch=3, token=2)
+        + line("leader.lost", 2.0, shard=1, reason="zookeeper session lost")
+        + line("leader.consuming", 2.5, shard=1, seconds=1.4)  # too late: the term is over
+        + line("leader.elected", 5.0, shard=1, epoch=5, token=4)
+        + line("leader.handed_over", 6.0, shard=1, to=None, seconds=0.2)
+        + line("leader.elected", 7.0, shard=1, epoch=7, token=6)
+        + line("leader.recovery_failed", 8.0, shard=1, seconds=1.0, errors={})
+        + line("leader.consuming", 12.0, shard=1, seconds=1.0)  # after a pipeline restart
+        + line("leader.elected", 20.0, shard=1, epoch=9, token=8)
+        + line("leader.elected", 30.0, shard=1, epoch=11, token=10)  # no loss line between
+        + line("leader.consuming", 31.0, shard=1, seconds=0.5)
+        + line("leader.elected", 40.0, shard=1, epoch=13, token=12)
+        + line("daemon.stopping", 41.0)
+        + line("leader.elected", 50.0, shard=1, epoch=15, token=14)  # the log ends here
+    )
+    assert election_timings({"n3": n3}) == [
+        timing("n3", 1, 3, 1.0, "lost"),
+        timing("n3", 1, 5, 5.0, "handed over"),
+        timing("n3", 1, 7, 7.0, "recovery failed"),
+        timing("n3", 1, 9, 20.0, "elected again"),
+        timing("n3", 1, 11, 30.0, 31.0, reported=0.5),
+        timing("n3", 1, 13, 40.0, "daemon stopped"),
+        timing("n3", 1, 15, 50.0, "log ended"),
+    ]
+
+
+def test_a_restart_of_the_node_ends_its_open_elections_and_rotated_logs_are_read(
+    tmp_path: Path,
+) -> None:
+    """n1 leads shard 0 (epoch 4) and is SIGKILLed before consuming: the process leaves no
+    line, the driver's start marker ends that election; the new process wins epoch 6. The
+    first process's lines were rotated to `n1.log.1` (older still: `n1.log.2`)."""
+    (tmp_path / "n1.log.2").write_text(line("leader.elected", 1.0, shard=0, epoch=1, token=0))
+    (tmp_path / "n1.log.1").write_text(
+        line("leader.consuming", 1.5, shard=0, seconds=0.4)
+        + line("leader.lost", 3.0, shard=0, reason="resigned")
+        + line("leader.elected", 20.0, shard=0, epoch=4, token=3)
+    )
+    (tmp_path / "n1.log.gz").write_text("not a rotation we read\n")
+    current = tmp_path / "n1.log"
+    current.write_text(
+        line(NODE_STARTING, 21.0, node="n1")
+        + line("leader.elected", 25.0, shard=0, epoch=6, token=5)
+        + line("daemon.started", 25.1, node="n1")
+        + line("leader.consuming", 27.5, shard=0, seconds=2.1)
+    )
+    files = log_files(current)
+    assert files == [tmp_path / "n1.log.2", tmp_path / "n1.log.1", current]
+    assert election_timings({"n1": files}) == [
+        timing("n1", 0, 1, 1.0, 1.5, reported=0.4),
+        timing("n1", 0, 4, 20.0, "daemon restarted"),
+        timing("n1", 0, 6, 25.0, 27.5, reported=2.1),
+    ]
+    # Without the rotated files the first election would be missing.
+    assert [t.epoch for t in election_timings({"n1": current})] == [6]
+
+
+def test_two_shards_of_one_node_and_two_nodes_are_matched_apart(tmp_path: Path) -> None:
+    n1, n2 = tmp_path / "n1.log", tmp_path / "n2.log"
+    n1.write_text(
+        line("leader.elected", 1.0, shard=0, epoch=1, token=0)
+        + line("leader.elected", 1.2, shard=1, epoch=1, token=0)
+        + line("leader.consuming", 2.0, shard=1, seconds=0.7)  # shard 1 first
+        + line("leader.lost", 2.5, shard=1, reason="resigned")  # does not touch shard 0
+        + line("leader.consuming", 4.0, shard=0, seconds=2.9)
+        + line("leader.lost", 9.0, shard=0, reason="zookeeper session lost")
+    )
+    n2.write_text(
+        line("leader.elected", 3.0, shard=1, epoch=2, token=1)
+        + line("leader.elected", 9.5, shard=0, epoch=2, token=1)
+        + line("leader.consuming", 10.0, shard=1, seconds=0.1)  # slow: 7 s after its election
+        + line("leader.consuming", 9.8, shard=0, seconds=0.2)  # written late, stamped early
+    )
+    timings = election_timings({"n1": n1, "n2": n2})
+    assert timings == [
+        timing("n1", 0, 1, 1.0, 4.0, reported=2.9),
+        timing("n1", 1, 1, 1.2, 2.0, reported=0.7),
+        timing("n2", 1, 2, 3.0, 10.0, reported=0.1),
+        timing("n2", 0, 2, 9.5, 9.8, reported=0.2),
+    ]
+    assert [round(t.seconds or 0.0, 3) for t in timings] == [3.0, 0.8, 7.0, 0.3]
+
+
+def test_the_distribution_line_and_the_bound() -> None:
+    samples = [timing("n1", 0, e, 10.0 * e, 10.0 * e + e / 2) for e in range(1, 11)]
+    never = [
+        timing("n2", 1, 20, 300.0, "lost"),
+        timing("n3", 1, 21, 310.0, "lost"),
+        timing("n2", 0, 22, 320.0, "handed over"),
+    ]
+    timings = samples + never
+    assert consuming_summary(timings, 8.0) == (
+        "election -> consuming: 10 changes, min 0.50 s, median 2.75 s, p90 4.50 s, "
+        "p99 5.00 s, max 5.00 s (n1 shard 0 epoch 10); over 8.0 s: 0; "
+        "never consumed: 3 (1 handed over, 2 lost)"
+    )
+    assert too_slow(timings, 8.0) is None
+    assert consuming_summary(timings, 4.0).endswith(
+        "over 4.0 s: 2; never consumed: 3 (1 handed over, 2 lost)"
+    )
+    assert too_slow(timings, 4.0) == (
+        "slowest leader change n1 shard 0 epoch 10: 5.00 s from leader.elected to "
+        "leader.consuming, over the bound of 4.0 s (session timeout + 5 s); 2 over; "
+        "also over: ['n1 shard 0 epoch 9: 4.50 s']"
+    )
+    reported = timing("n2", 1, 7, 0.0, 9.25, reported=8.5)
+    assert too_slow([reported], 8.0) == (
+        "slowest leader change n2 shard 1 epoch 7: 9.25 s, its pipelines 8.50 s from "
+        "leader.elected to leader.consuming, over the bound of 8.0 s (session timeout + 5 s); "
+        "1 over"
+    )
+    assert consuming_summary(never[:1], 8.0) == (
+        "election -> consuming: 0 changes; never consumed: 1 (1 lost)"
+    )
+    assert consuming_summary([], 8.0) == "election -> consuming: 0 changes; never consumed: 0"
+
+
+def test_bound_is_the_configs_session_timeout_plus_five_seconds(tmp_path: Path) -> None:
+    def config(node: str, session_timeout: float) -> Path:
+        path = tmp_path / f"{node}.toml"
+        path.write_text(
+            render_config(
+                node=node,
+                shards=[0],
+                shard_count=1,
+                data_dir=tmp_path / node,
+                stack=StackEndpoints("127.0.0.1:2181", "127.0.0.1:9092", "127.0.0.1:8123"),
+                zk_root="/chaos/x",
+                replicas={0: {node: "127.0.0.1:8123"}},
+                http_port=1,
+                flight_port=2,
+                pipelines=[PipelineSpec("events", "t", "t_events", {"id": "UInt64"})],
+                session_timeout=session_timeout,
+            )
+        )
+        return path
+
+    assert consuming_bound([config("n1", 3.0), config("n2", 3.0)]) == 8.0
+    assert consuming_bound([config("n1", 3.0), config("n3", 4.5)]) == 9.5
+
+
+def test_the_start_marker_is_a_log_line_the_timings_read(tmp_path: Path) -> None:
+    log = tmp_path / "n1.log"
+    log.write_text(line("leader.elected", 1.0, shard=0, epoch=1, token=0))
+    mark_start(log, "n1")
+    (marker,) = log_events(log, [NODE_STARTING])
+    assert marker["node"] == "n1"
+    stamped = datetime.fromisoformat(marker["timestamp"].replace("Z", "+00:00")).timestamp()
+    assert abs(stamped - time.time()) < 60
+    assert [t.outcome for t in election_timings({"n1": log})] == ["daemon restarted"]
