@@ -36,7 +36,6 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,17 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchstack import Bench, local_stack
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, Producer, TopicPartition
 from cpu_use import CpuMeter, CpuUse, children
 
 from buffer.client import query
-from devstack.clickhouse import ClickHouseService
-from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec, StackEndpoints
-from devstack.kafka import KafkaBroker
+from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec
 from devstack.process import pid_cmdline
 from devstack.records import create_topic
-from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
 from hakafka.logs import configure as configure_logs
 
@@ -274,17 +271,6 @@ def cpu_rows(cpu: CpuUse) -> list[Row]:
         )
     )
     return rows
-
-
-@dataclass(frozen=True)
-class Bench:
-    """What every step shares: a folder for the steps' files, the stack's endpoints, its
-    ClickHouse, and its processes by name (the CPU meters read them next to the daemon)."""
-
-    root: Path
-    stack: StackEndpoints
-    ch: ClickHouseService
-    pids: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -747,38 +733,23 @@ def main() -> int:
     parser.add_argument("--steps", default="ingest,catchup,sustained,latency,failover,restart")
     args = parser.parse_args()
     configure_logs("console", "warning")  # the table, not the ops client's connection events
-    root = Path(tempfile.mkdtemp(prefix="hakafka-e2e-bench-"))
-    zk, broker, ch = (
-        ZooKeeperEnsemble(root / "zk"),
-        KafkaBroker(root / "kafka"),
-        ClickHouseService(root / "ch"),
-    )
+    steps: dict[str, Callable[[Bench], list[Row]]] = {
+        "ingest": ingest,
+        "catchup": catchup,
+        "sustained": functools.partial(
+            sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
+        ),
+        "latency": latency,
+        "failover": failover,
+        "restart": restart,
+    }
     rows: list[Row] = []
     try:
-        for service in (zk, broker, ch):
-            service.start()
-        stack_pids = {
-            name: pid for name, pid in (("broker", broker.pid), ("ClickHouse", ch.pid)) if pid
-        }
-        bench = Bench(
-            root, StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}"), ch, stack_pids
-        )
-        steps: dict[str, Callable[[Bench], list[Row]]] = {
-            "ingest": ingest,
-            "catchup": catchup,
-            "sustained": functools.partial(
-                sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
-            ),
-            "latency": latency,
-            "failover": failover,
-            "restart": restart,
-        }
-        for name in args.steps.split(","):
-            print(f"... {name}", file=sys.stderr, flush=True)
-            rows += steps[name](bench)
+        with local_stack("hakafka-e2e-bench-") as bench:
+            for name in args.steps.split(","):
+                print(f"... {name}", file=sys.stderr, flush=True)
+                rows += steps[name](bench)
     finally:
-        for service in (ch, broker, zk):
-            service.stop()
         report(rows)
     return 0
 

@@ -1,6 +1,10 @@
 """Run every benchmark under bench/ one after another and record their output.
 
-Usage: python bench/run_all.py [NAME ...]   (names like `wal`, `buffer`; default: all)
+Usage: python bench/run_all.py [NAME ...]   (names like `wal`, `takeover`; default: all)
+
+Every `bench/NAME_bench.py` is a benchmark (so `takeover_bench.py` is `takeover`); they run one
+at a time, in name order, never overlapping: `e2e` and `takeover` start real daemons on the
+local stack and need the machine to themselves.
 
 Each benchmark prints its own figures next to a raw baseline measured in the same run.
 This script writes them, with the command that produced them, to bench/RESULTS.md,
@@ -20,7 +24,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
-TIMEOUT_S = 1500  # the e2e bench takes about 10 minutes
+TIMEOUT_S = 1500  # per benchmark: e2e and takeover take about 10 minutes each
 HEADER = """# Benchmark results
 
 Every figure is printed next to a raw baseline measured in the same run on the same machine,
