@@ -114,7 +114,11 @@ class PipelineFactory:
             consumer=consumer,
             open_wal=open_wal,
             refetch=KafkaRefetch(
-                kafka.bootstrap, pipeline.topic, kafka.settings, out_of_range=kafka.out_of_range
+                kafka.bootstrap,
+                pipeline.topic,
+                kafka.settings,
+                out_of_range=kafka.out_of_range,
+                on_reset=self.metrics.consumer.on_offset_reset,
             ),
             sink=p.sink,
             fenced=fenced,

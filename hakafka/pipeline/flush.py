@@ -69,9 +69,10 @@ class FlushLane:
             if self.pending is not None:
                 self._reflush(self.pending)
                 self.pending = None
-            while not signals.stop.is_set():
+            while True:
                 signals.beat()
                 time.sleep(FLUSH_CHECK_S)
+                self._check_stop()  # never seal a block for a pipeline that is stopping
                 if not signals.gate.is_set() or not should_flush(
                     self.thresholds, lane.buffer.stats(), time.monotonic()
                 ):
@@ -90,18 +91,29 @@ class FlushLane:
             lane.status.enter(PipelineState.FAILED, lane.log, error=lane.status.error)
             signals.stop.set()
         finally:
+            self.failing_since = None  # a lane that ended makes no progress to wait for
             signals.beats_end()
+
+    def _check_stop(self) -> None:
+        if self.lane.signals.stop.is_set():
+            raise PipelineStopped("stopped")
 
     def _reflush(self, pending: PendingReflush) -> None:
         """Flush exactly the pending ranges again, with the same block id (same tokens)."""
         lane, topic = self.lane, self.lane.config.topic
-        lane.status.reflushing = True
+        lane.status.reflushing, lane.status.pending_block = True, pending.intent.block_id
+        # In flight from here (a re-fetch can take a while): stop(grace) waits, then abandons.
+        lane.signals.flush_idle.clear()
         try:
             if pending.block is not None:
                 source, block = "wal", pending.block
             else:
                 source = "kafka"
-                rows, dead = self.parts.refetch(pending.ranges, self.decoder)
+                rows, dead = self._retry(
+                    "refetch",
+                    None,
+                    lambda: self.parts.refetch(pending.ranges, self.decoder, self._step),
+                )
                 lane.status.refetched_rows += rows.num_rows
                 block = make_block(
                     pending.intent.block_id,
@@ -119,11 +131,19 @@ class FlushLane:
             self.flush_and_commit(block, intent_written=True)
         finally:
             lane.status.reflushing = False
+            lane.signals.flush_idle.set()
+
+    def _step(self) -> None:
+        """Called by a long re-fetch on every poll: beats, and ends it when stopping."""
+        self.lane.signals.beat()
+        if self.lane.signals.stop.is_set() and self.lane.signals.abandoned.is_set():
+            raise PipelineStopped("re-fetch abandoned")
 
     def flush_and_commit(self, block: PipelineBlock, *, intent_written: bool) -> None:
         """pending -> ClickHouse (retried until it lands) -> checkpoint -> drop -> truncate."""
         lane = self.lane
         signals = lane.signals
+        self._check_stop()
         signals.flush_idle.clear()
         try:
             began = time.monotonic()
@@ -187,12 +207,14 @@ class FlushLane:
             signals.wait_gate()
             try:
                 result = call()
+            except (PipelineStopped, FencedError, OffsetOutOfRangeError):
+                raise  # not ClickHouse or Kafka being away: retrying cannot help
             except Exception as exc:
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
                 # Shown by `status` while it lasts; the shard reports the pipeline stuck once
                 # it lasts `stuck_after` (the retries go on).
-                self.lane.status.error = f"{what} failing: {type(exc).__name__}: {exc}"[:500]
+                self.lane.status.flush_error = f"{what} failing: {type(exc).__name__}: {exc}"[:500]
                 self.lane.meters.flush_failed()
                 self.lane.log.warning(
                     f"{what}.retry",
@@ -206,7 +228,7 @@ class FlushLane:
                 delay = min(delay * 2, BACKOFF_MAX_S)
             else:
                 if self.failing_since is not None:
-                    self.failing_since, self.lane.status.error = None, None
+                    self.failing_since, self.lane.status.flush_error = None, None
                     self.lane.log.info(f"{what}.recovered", attempts=attempt)
                 return result
 

@@ -2,10 +2,12 @@
 
 Recovery, then two threads:
 
-- recovery (on becoming leader): read checkpoint and pending; re-flush the pending block
-  first (rows from the local WAL when it has every offset, else re-read from Kafka); replay
-  the WAL from the checkpoint into the buffer; assign the consumer after the last replayed
-  offset.
+- recovery (on becoming leader, from local disk and ZooKeeper only): read checkpoint and
+  pending; rebuild the pending block from the WAL when it has every offset (else the flush
+  lane re-reads it from Kafka) and hand it to the flush lane; replay the WAL from after the
+  pending block (or the checkpoint) into the buffer; assign the consumer after the last
+  replayed offset. Nothing waits for Spark or ClickHouse: the flush lane re-flushes the
+  pending block while the consumer already runs, and seals the next block only after it.
 - consume (`consume.ConsumeLane`, on the pipeline thread): consume -> decode -> WAL append
   (+ sync per policy) -> buffer append. At the buffer limit the batch is held and the
   partitions pause until a flush commits.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import structlog
 
@@ -51,7 +54,7 @@ from hakafka.pipeline.replay import (
     select_rows,
 )
 from hakafka.pipeline.state import PipelineState, PipelineStatus, PipelineStopped, Signals
-from hakafka.pipeline.walcodec import decode, decode_header, ranges_of
+from hakafka.pipeline.walcodec import WalBatch, decode, decode_header, ranges_of
 from hakafka.settings import thresholds_of
 
 log = structlog.get_logger("hakafka.pipeline")
@@ -155,8 +158,7 @@ class PipelineLeader:
         """Stop consuming now; let a flush in flight finish for up to `grace` s, else abandon
         it (its checkpoint is never committed). True if nothing was abandoned."""
         signals = self._signals
-        signals.stop.set()
-        signals.gate.set()  # wake waiters; they see stop
+        signals.stop.set()  # every wait polls it; a closed gate stays closed (no side effects)
         clean = signals.flush_idle.wait(grace)
         if not clean:
             signals.abandoned.set()
@@ -208,6 +210,7 @@ class PipelineLeader:
             self.status.enter(PipelineState.RECOVERING, self._log)
             wal = self._open_wal()
             starts = self._recover(wal)
+            self._check_stop("stopped during recovery")
             self._flusher.start()
             starts.update(self._replay(wal, starts))
             self._consume.assign(self._parts.consumer(), starts)
@@ -280,9 +283,10 @@ class PipelineLeader:
     def _pending_from_wal(
         self, wal: Wal, block_id: str, wanted: dict[int, OffsetRange]
     ) -> PipelineBlock | None:
-        """The pending block rebuilt from the local WAL, or None if it lacks some offset."""
+        """The pending block rebuilt from the local WAL, or None if it lacks some offset.
+        Only records that hold some of its offsets are decoded."""
         topic = self.config.topic
-        held = []
+        held: list[dict[int, OffsetRange]] = []
         for record in wal.replay():
             self._check_stop("stopped while reading the pending block")
             held.append(
@@ -290,8 +294,17 @@ class PipelineLeader:
             )
         if not covers(held, wanted):
             return None
-        batches = (decode(record) for record in wal.replay())
-        rows, dead = pending_rows(batches, topic, wanted, self.buffer.rows.schema)
+
+        def overlapping() -> Iterator[WalBatch]:
+            for record, ranges in zip(wal.replay(), held, strict=False):
+                self._check_stop("stopped while reading the pending block")
+                if any(
+                    p in wanted and r.last >= wanted[p].first and r.first <= wanted[p].last
+                    for p, r in ranges.items()
+                ):
+                    yield decode(record)
+
+        rows, dead = pending_rows(overlapping(), topic, wanted, self.buffer.rows.schema)
         return make_block(block_id, {(topic, p): rng for p, rng in wanted.items()}, rows, dead)
 
     def _check_stop(self, why: str) -> None:
@@ -337,11 +350,13 @@ class PipelineLeader:
             if self._threads_done < 2:
                 return
         try:
-            self._consume.close()
-            wal, self._wal = self._wal, None
-            self._flush.wal = None
-            if wal is not None:
-                wal.close()
+            try:
+                self._consume.close()
+            finally:  # the WAL's directory lock must go even if the consumer would not close
+                wal, self._wal = self._wal, None
+                self._flush.wal = None
+                if wal is not None:
+                    wal.close()
         finally:
             # Even if closing failed: the next pipeline of this name needs the buffer's names.
             self._meters.buffer(None)

@@ -76,8 +76,11 @@ class Refetch(Protocol):
     """Reads exact offset ranges of the pipeline's topic back from Kafka, decoded."""
 
     def __call__(
-        self, ranges: Mapping[int, OffsetRange], decoder: Decoder
-    ) -> tuple[pa.Table, pa.Table | None]: ...
+        self, ranges: Mapping[int, OffsetRange], decoder: Decoder, step: Callable[[], None]
+    ) -> tuple[pa.Table, pa.Table | None]:
+        """The rows and dead letters of exactly `ranges`; calls `step` on every poll (it
+        beats, and raises to end the read when the pipeline stops)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import pyarrow as pa
 from buffer import OffsetRange
 from hakafka.consumer import Decoder, OutOfRange, PartitionConsumer
 from hakafka.consumer.messages import KafkaMessage
+from hakafka.consumer.partition_consumer import OffsetReset
 
 
 class RefetchError(RuntimeError):
@@ -37,6 +38,8 @@ class KafkaRefetch:
     topic: str
     settings: Mapping[str, str]
     out_of_range: OutOfRange = OutOfRange.FAIL
+    on_reset: Callable[[OffsetReset], None] | None = None
+    """Told of offsets skipped under `earliest` (the consumer's skipped-offsets metric)."""
     stall_s: float = 60.0
     make_consumer: Callable[[KafkaRefetch, list[int]], RefetchConsumer] | None = None
     """Tests pass a fake; by default a PartitionConsumer of the given partitions."""
@@ -51,13 +54,15 @@ class KafkaRefetch:
             settings=self.settings,
             out_of_range=self.out_of_range,
             group_id="hakafka-refetch",
+            on_reset=self.on_reset,
         )
 
     def __call__(
-        self, ranges: Mapping[int, OffsetRange], decoder: Decoder
+        self, ranges: Mapping[int, OffsetRange], decoder: Decoder, step: Callable[[], None]
     ) -> tuple[pa.Table, pa.Table | None]:
         """The decoded rows and dead letters of exactly `ranges` (partition -> inclusive
-        range); RefetchError if they stop arriving for `stall_s` seconds."""
+        range); RefetchError if they stop arriving for `stall_s` seconds. `step` is called
+        on every poll."""
         consumer = self._consumer(sorted(ranges))
         rows: list[pa.RecordBatch] = []
         dead: list[pa.RecordBatch] = []
@@ -68,6 +73,7 @@ class KafkaRefetch:
             reached = {p: max(rng.first, positions.get(p, rng.first)) for p, rng in ranges.items()}
             deadline = time.monotonic() + self.stall_s
             while any(reached[p] <= rng.last for p, rng in ranges.items()):
+                step()
                 if time.monotonic() > deadline:
                     short = {
                         p: (reached[p], rng.last)

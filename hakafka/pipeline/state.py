@@ -37,6 +37,7 @@ class PipelineStatus:
     last_flush_seconds: float = 0.0
     pending_block: str | None = None
     reflushing: bool = False  # the block in flight is one a former leader left pending
+    flush_error: str | None = None  # while flushes (or table creation) fail in a row
     checkpoint: dict[int, int] = field(default_factory=dict)
     replayed_rows: int = 0
     refetched_rows: int = 0

@@ -220,23 +220,35 @@ class FakeSink:
     dead: dict[str, pa.Table] = field(default_factory=dict)
     attempts: int = 0
     failures: int = 0
+    table_failures: int = 0
     gate: threading.Event = field(default_factory=threading.Event)
     entered: threading.Event = field(default_factory=threading.Event)
     tables_ensured: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.gate.set()
 
+    def fail(self, times: int) -> None:
+        """Fail the next `times` flushes (0: none)."""
+        with self.lock:
+            self.failures = times
+
     def ensure_tables(self, replicas: tuple[Replica, ...]) -> None:
-        self.tables_ensured += 1
+        with self.lock:
+            if self.table_failures:
+                self.table_failures -= 1
+                raise ConnectionError("ClickHouse is away (tables)")
+            self.tables_ensured += 1
 
     def flush(self, block: PipelineBlock, replicas: tuple[Replica, ...]) -> Flushed:
         self.attempts += 1
         self.entered.set()
         if not self.gate.wait(WAIT_S):
             raise TimeoutError("the test never opened the sink's gate")
-        if self.failures:
-            self.failures -= 1
+        with self.lock:
+            failing, self.failures = self.failures > 0, max(0, self.failures - 1)
+        if failing:
             raise ConnectionError("ClickHouse is away")
         self.rows.setdefault(block.block_id, block.rows.table)
         if block.dead_letters is not None:
@@ -267,8 +279,9 @@ class Refetches:
     calls: int = 0
 
     def __call__(
-        self, ranges: Mapping[int, OffsetRange], decoder: Decoder
+        self, ranges: Mapping[int, OffsetRange], decoder: Decoder, step: Callable[[], None]
     ) -> tuple[pa.Table, pa.Table | None]:
+        step()
         self.calls += 1
         decoded = decoder.decode(self.topic.read(ranges))
         dead = decoded.dead_letters

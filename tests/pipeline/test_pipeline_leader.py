@@ -17,6 +17,7 @@ import pytest
 from buffer import BufferFull
 from hakafka.coordination import PendingIntent
 from hakafka.pipeline import PipelineLeader, PipelineState
+from hakafka.pipeline.state import Signals
 from tests.pipeline.fakes import (
     TOPIC,
     Harness,
@@ -101,7 +102,10 @@ def test_next_leader_reflushes_pending_from_its_wal_with_the_same_block_id(
     assert h.sink.offsets() == every_offset(topic)  # it landed, uncommitted
     second = start(h, leaders)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 100}, "the re-flush's checkpoint")
+    time.sleep(0.2)  # nothing more may happen: no other block exists
     assert h.sink.attempts == 2  # the same block again: the sink kept the first insert
+    assert h.fenced.commits == 1
+    assert second.status.replayed_rows == 0  # the pending block's rows are not replayed
     assert list(h.sink.rows) == [pending.block_id]
     assert h.sink.offsets() == every_offset(topic)
     assert h.refetch is not None and h.refetch.calls == 0
@@ -159,7 +163,8 @@ def test_stop_abandons_a_flush_that_outlasts_the_grace(
     h.sink.gate.set()
     wait_for(lambda: not leader.running, "the pipeline thread to end")
     # The insert may land (it is idempotent) but the abandoned block is never committed.
-    wait_for(lambda: h.sink.attempts == 1 and bool(h.sink.rows), "the insert to return")
+    wait_for(lambda: h.catalog.snapshots() == [], "both threads to end")
+    assert h.sink.attempts == 1 and bool(h.sink.rows)
     assert h.fenced.commits == 0
     assert h.fenced.pending is not None
 
@@ -171,7 +176,7 @@ def test_failed_flushes_are_retried_until_clickhouse_takes_the_block(
     topic = Topic(partitions=1)
     topic.produce(0, 40)
     h = Harness(tmp_path, pipeline_config(), topic)
-    h.sink.failures = 3
+    h.sink.fail(3)
     leader = start(h, leaders)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 40}, "the checkpoint")
     assert h.sink.attempts == 4
@@ -300,25 +305,27 @@ def test_flushes_failing_show_as_stalled_with_clickhouses_error_and_go_on(
     topic = Topic(partitions=1)
     topic.produce(0, 20)
     h = Harness(tmp_path, pipeline_config(), topic)
-    h.sink.failures = 10**9  # ClickHouse rejects this block, always
+    h.sink.fail(10**9)  # ClickHouse rejects this block, always
     leader = start(h, leaders)
     wait_for(lambda: h.sink.attempts >= 3, "retries")
     time.sleep(0.5)
     assert leader.stalled_for(time.monotonic()) >= 0.5
-    assert "ClickHouse is away" in (leader.status.error or "")
+    assert "ClickHouse is away" in (leader.status.flush_error or "")
     assert leader.status.state is PipelineState.CONSUMING  # still retrying, not failed
     attempts = h.sink.attempts
     wait_for(lambda: h.sink.attempts > attempts, "the retries to go on")
-    h.sink.failures = 0
+    h.sink.fail(0)
     wait_for(lambda: h.fenced.commits == 1, "the block to land once ClickHouse takes it")
-    assert leader.status.error is None
+    assert leader.status.flush_error is None
     assert leader.stalled_for(time.monotonic()) < 0.5
 
 
 def test_a_paused_consumer_with_no_flush_committing_is_stalled(
-    tmp_path: Path, leaders: list[PipelineLeader]
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Its threads keep stepping (they poll), but nothing moves: that is no progress.
+    # Its threads keep stepping (they poll), but nothing moves: that is no progress. The
+    # threads' own beats are left out, so only the paused-consumer rule can see it.
+    monkeypatch.setattr(Signals, "stalled_for", lambda _self, _now: 0.0)
     topic = Topic(partitions=1)
     topic.produce(0, 2_000)
     h = Harness(tmp_path, pipeline_config(max_bytes=1 << 10, limit_bytes=1 << 10), topic)
@@ -330,3 +337,48 @@ def test_a_paused_consumer_with_no_flush_committing_is_stalled(
     h.sink.gate.set()
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 2_000}, "every offset committed")
     assert leader.stalled_for(time.monotonic()) < 0.5
+
+
+def test_new_leader_replays_what_the_old_one_consumed_after_its_pending_block(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # The old leader went on consuming while its first block was in flight: those offsets are
+    # in its WAL, after the pending block. The next leader on this node flushes the pending
+    # block and replays the rest, each offset once.
+    topic = Topic(partitions=1)
+    topic.produce(0, 100)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.sink.gate.clear()
+    first = start(h, leaders)
+    wait_for(h.sink.entered.is_set, "the first flush")
+    topic.produce(0, 70)
+    wait_for(lambda: first.positions() == {0: 170}, "the old leader to consume on")
+    h.fenced.fenced = True
+    h.sink.gate.set()
+    wait_for(lambda: bool(h.sink.rows), "the insert to land")
+    first.stop(5.0)
+    assert h.fenced.pending is not None
+    pending_end = h.fenced.pending.ranges[TOPIC][0][1]
+    h.fenced = h.fenced.next_term()
+    second = start(h, leaders)
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 170}, "both blocks committed")
+    assert second.status.replayed_rows == 170 - pending_end
+    assert h.consumers[-1].assigned_from == {0: 170}
+    assert h.sink.offsets() == every_offset(topic)
+
+
+def test_tables_come_before_the_pending_reflush_and_their_failures_are_retried(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_INITIAL_S", 0.01)
+    topic = Topic(partitions=1)
+    topic.produce(0, 40)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    insert_then_lose_the_term(h, leaders)
+    attempts = h.sink.attempts
+    h.sink.table_failures = 3
+    second = start(h, leaders)
+    assert second.wait_consuming(5.0)  # consuming does not wait for ClickHouse
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 40}, "the re-flush after the tables")
+    assert h.sink.table_failures == 0 and h.sink.tables_ensured == 2
+    assert h.sink.attempts == attempts + 1  # no flush was tried before the tables existed

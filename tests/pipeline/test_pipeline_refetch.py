@@ -58,13 +58,12 @@ def refetch_over(consumer: TrickleConsumer, stall_s: float) -> KafkaRefetch:
 
 def test_range_wholly_past_retention_under_earliest_returns_what_is_left(tmp_path: Path) -> None:
     topic = Topic(partitions=1)
-    topic.produce(0, 100)
+    topic.produce(0, 60)  # nothing arrives after the wanted range to end the read
     h = Harness(tmp_path, pipeline_config(), topic)
     # `earliest` moved the start to the log start, 60, past the wanted 10..50.
     consumer = TrickleConsumer(topic, per_poll=10, delay=0.0, starts={0: 60})
-    rows, dead = refetch_over(consumer, stall_s=5.0)(
-        {0: OffsetRange(10, 50)}, decoder_for(h.pipeline)
-    )
+    refetch = refetch_over(consumer, stall_s=5.0)
+    rows, dead = refetch({0: OffsetRange(10, 50)}, decoder_for(h.pipeline), lambda: None)
     assert rows.num_rows == 0 and dead is None
 
 
@@ -72,10 +71,13 @@ def test_a_slow_large_reread_goes_on_while_offsets_arrive(tmp_path: Path) -> Non
     topic = Topic(partitions=1)
     topic.produce(0, 40)
     h = Harness(tmp_path, pipeline_config(), topic)
-    consumer = TrickleConsumer(topic, per_poll=4, delay=0.05, starts={})
+    consumer = TrickleConsumer(topic, per_poll=4, delay=0.2, starts={})
+    steps: list[int] = []
     began = time.monotonic()
-    rows, _ = refetch_over(consumer, stall_s=0.3)({0: OffsetRange(0, 39)}, decoder_for(h.pipeline))
-    assert time.monotonic() - began > 0.3  # longer than the stall bound, but never stalled
+    refetch = refetch_over(consumer, stall_s=1.0)
+    rows, _ = refetch({0: OffsetRange(0, 39)}, decoder_for(h.pipeline), lambda: steps.append(1))
+    assert time.monotonic() - began > 1.0  # longer than the stall bound, but never stalled
+    assert len(steps) >= 10  # the flush lane is told on every poll (it beats)
     assert rows.column("_offset").to_pylist() == list(range(40))
 
 
@@ -84,8 +86,9 @@ def test_a_reread_that_stalls_names_what_is_missing(tmp_path: Path) -> None:
     topic.produce(0, 5)  # the wanted range goes to 9: offsets 5..9 never come
     h = Harness(tmp_path, pipeline_config(), topic)
     consumer = TrickleConsumer(topic, per_poll=5, delay=0.01, starts={})
+    refetch = refetch_over(consumer, stall_s=0.2)
     with pytest.raises(RefetchError, match=r"no wanted offset arrived for 0 s.*0: \(5, 9\)"):
-        refetch_over(consumer, stall_s=0.2)({0: OffsetRange(0, 9)}, decoder_for(h.pipeline))
+        refetch({0: OffsetRange(0, 9)}, decoder_for(h.pipeline), lambda: None)
 
 
 def test_pending_block_past_retention_under_fail_waits_for_ops(
@@ -96,7 +99,7 @@ def test_pending_block_past_retention_under_fail_waits_for_ops(
     h = Harness(tmp_path, pipeline_config(), topic)
     insert_then_lose_the_term(h, leaders)
 
-    def expired(_ranges: Mapping[int, OffsetRange], _decoder: object) -> object:
+    def expired(_ranges: Mapping[int, OffsetRange], _decoder: object, _step: object) -> object:
         raise OffsetOutOfRangeError("events", 0, 0, 20, 30)
 
     h.refetch = expired  # type: ignore[assignment]
