@@ -3,6 +3,7 @@ ClickHouse sink that deduplicates by block id as ClickHouse does by insert token
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -27,7 +28,7 @@ from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.meters import PipelineMeters
-from hakafka.pipeline.parts import Flushed, Wal
+from hakafka.pipeline.parts import Flushed
 from hakafka.pipeline.replay import WalIndex
 from hakafka.pipeline.state import PipelineStatus, Signals
 from spark_bridge.replicas import Replica
@@ -317,9 +318,6 @@ class Harness:
         self.consumers.append(consumer)
         return consumer
 
-    def _open_wal(self) -> Wal:
-        return WriteAheadLog.open(self.tmp_path / self.wal_dir_name, fsync="off")
-
     def leader(self) -> PipelineLeader:
         assert self.refetch is not None
         return PipelineLeader(
@@ -328,7 +326,10 @@ class Harness:
             decoder=decoder_for(self.pipeline),
             parts=PipelineParts(
                 consumer=self._consumer,
-                open_wal=self._open_wal,
+                # The directory as it is now: the leader opens it later, on its own thread.
+                open_wal=functools.partial(
+                    WriteAheadLog.open, self.tmp_path / self.wal_dir_name, fsync="off"
+                ),
                 refetch=self.refetch,
                 sink=self.sink,
                 fenced=self.fenced,
@@ -361,6 +362,16 @@ class Harness:
             log=structlog.get_logger("tests"),
         )
         return ConsumeLane(lane, decoder)
+
+
+def one_partition(
+    tmp_path: Path, count: int, bad: Iterable[int] = (), **config: Any
+) -> tuple[Topic, Harness]:
+    """A one-partition topic holding `count` messages (`bad` ones malformed) and a harness
+    over it with `pipeline_config(**config)`."""
+    topic = Topic(partitions=1)
+    topic.produce(0, count, bad=bad)
+    return topic, Harness(tmp_path, pipeline_config(**config), topic)
 
 
 def decoder_rows(h: Harness) -> pa.RecordBatch:

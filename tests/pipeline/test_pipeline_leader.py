@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from tests.pipeline.fakes import (
     Harness,
     Topic,
     decoder_rows,
+    one_partition,
     pipeline_config,
     wait_for,
 )
@@ -44,12 +45,18 @@ def start(harness: Harness, leaders: list[PipelineLeader]) -> PipelineLeader:
     return leader
 
 
-def insert_then_lose_the_term(h: Harness, leaders: list[PipelineLeader]) -> PendingIntent:
+def insert_then_lose_the_term(
+    h: Harness,
+    leaders: list[PipelineLeader],
+    while_in_flight: Callable[[PipelineLeader], object] = lambda _leader: None,
+) -> PendingIntent:
     """A leader inserts its first block and its term ends before the checkpoint (killed or
-    fenced); returns the intent it left, with `h` switched to the next term."""
+    fenced); returns the intent it left, with `h` switched to the next term.
+    `while_in_flight(leader)` runs while the insert is held."""
     h.sink.gate.clear()
     first = start(h, leaders)
     wait_for(h.sink.entered.is_set, "the first flush")
+    while_in_flight(first)
     h.fenced.fenced = True  # the term ends while the insert is in flight
     h.sink.gate.set()
     wait_for(lambda: bool(h.sink.rows), "the insert to land")
@@ -95,9 +102,7 @@ def test_next_leader_reflushes_pending_from_its_wal_with_the_same_block_id(
 ) -> None:
     # The leader inserts a block, then its term ends before the checkpoint (killed, fenced):
     # the next leader on the same node flushes the same block id from the WAL again.
-    topic = Topic(partitions=1)
-    topic.produce(0, 100)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    topic, h = one_partition(tmp_path, 100)
     pending = insert_then_lose_the_term(h, leaders)
     assert h.sink.offsets() == every_offset(topic)  # it landed, uncommitted
     second = start(h, leaders)
@@ -117,9 +122,7 @@ def test_next_leader_reflushes_pending_from_its_wal_with_the_same_block_id(
 def test_pending_block_missing_from_the_wal_is_refetched_from_kafka(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    topic.produce(0, 60, bad=[3])
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 60, bad=[3])
     insert_then_lose_the_term(h, leaders)
     h.wal_dir_name = "another-node-wal"  # the next leader is another node: no local rows
     second = start(h, leaders)
@@ -153,9 +156,7 @@ def test_full_buffer_pauses_the_consumer_until_a_flush_commits(
 def test_stop_abandons_a_flush_that_outlasts_the_grace(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    topic.produce(0, 50)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 50)
     h.sink.gate.clear()
     leader = start(h, leaders)
     wait_for(h.sink.entered.is_set, "the flush")
@@ -173,9 +174,7 @@ def test_failed_flushes_are_retried_until_clickhouse_takes_the_block(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_INITIAL_S", 0.01)
-    topic = Topic(partitions=1)
-    topic.produce(0, 40)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 40)
     h.sink.fail(3)
     leader = start(h, leaders)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 40}, "the checkpoint")
@@ -205,9 +204,7 @@ def test_suspended_leader_writes_nothing_until_resumed(
 def test_bad_message_with_on_error_fail_fails_for_good(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    topic.produce(0, 10, bad=[4])
-    h = Harness(tmp_path, pipeline_config(on_error="fail"), topic)
+    _topic, h = one_partition(tmp_path, 10, bad=[4], on_error="fail")
     leader = start(h, leaders)
     wait_for(lambda: not leader.running, "the pipeline to fail")
     assert leader.status.state is PipelineState.FAILED
@@ -221,9 +218,7 @@ def test_new_leader_consumes_while_its_pending_block_is_reflushed(
 ) -> None:
     # Consuming and buffer queries never wait for Spark or ClickHouse: the re-flush of the
     # pending block runs in the flush lane, and the next block is sealed after it commits.
-    topic = Topic(partitions=1)
-    topic.produce(0, 100)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    topic, h = one_partition(tmp_path, 100)
     pending = insert_then_lose_the_term(h, leaders)
     topic.produce(0, 50)
     h.sink.gate.clear()
@@ -248,9 +243,7 @@ def test_a_flush_lane_that_ends_stops_the_whole_pipeline(
 ) -> None:
     # A FencedError while ZooKeeper is suspended ends the flush lane; the consume lane must
     # not go on filling a buffer that nothing drains (and keep counting as healthy).
-    topic = Topic(partitions=1)
-    topic.produce(0, 30)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 30)
     h.fenced.refuse_writes = True
     leader = start(h, leaders)
     wait_for(lambda: not leader.running, "the pipeline to stop with its flush lane")
@@ -302,9 +295,7 @@ def test_flushes_failing_show_as_stalled_with_clickhouses_error_and_go_on(
 ) -> None:
     monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_INITIAL_S", 0.01)
     monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_MAX_S", 0.05)
-    topic = Topic(partitions=1)
-    topic.produce(0, 20)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 20)
     h.sink.fail(10**9)  # ClickHouse rejects this block, always
     leader = start(h, leaders)
     wait_for(lambda: h.sink.attempts >= 3, "retries")
@@ -326,9 +317,7 @@ def test_a_paused_consumer_with_no_flush_committing_is_stalled(
     # Its threads keep stepping (they poll), but nothing moves: that is no progress. The
     # threads' own beats are left out, so only the paused-consumer rule can see it.
     monkeypatch.setattr(Signals, "stalled_for", lambda _self, _now: 0.0)
-    topic = Topic(partitions=1)
-    topic.produce(0, 2_000)
-    h = Harness(tmp_path, pipeline_config(max_bytes=1 << 10, limit_bytes=1 << 10), topic)
+    _topic, h = one_partition(tmp_path, 2_000, max_bytes=1 << 10, limit_bytes=1 << 10)
     h.sink.gate.clear()  # a flush that hangs, without an error
     leader = start(h, leaders)
     wait_for(lambda: bool(h.consumers) and h.consumers[0].paused, "the consumer to pause")
@@ -345,21 +334,13 @@ def test_new_leader_replays_what_the_old_one_consumed_after_its_pending_block(
     # The old leader went on consuming while its first block was in flight: those offsets are
     # in its WAL, after the pending block. The next leader on this node flushes the pending
     # block and replays the rest, each offset once.
-    topic = Topic(partitions=1)
-    topic.produce(0, 100)
-    h = Harness(tmp_path, pipeline_config(), topic)
-    h.sink.gate.clear()
-    first = start(h, leaders)
-    wait_for(h.sink.entered.is_set, "the first flush")
-    topic.produce(0, 70)
-    wait_for(lambda: first.positions() == {0: 170}, "the old leader to consume on")
-    h.fenced.fenced = True
-    h.sink.gate.set()
-    wait_for(lambda: bool(h.sink.rows), "the insert to land")
-    first.stop(5.0)
-    assert h.fenced.pending is not None
-    pending_end = h.fenced.pending.ranges[TOPIC][0][1]
-    h.fenced = h.fenced.next_term()
+    topic, h = one_partition(tmp_path, 100)
+
+    def consume_on(first: PipelineLeader) -> None:
+        topic.produce(0, 70)
+        wait_for(lambda: first.positions() == {0: 170}, "the old leader to consume on")
+
+    pending_end = insert_then_lose_the_term(h, leaders, consume_on).ranges[TOPIC][0][1]
     second = start(h, leaders)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 170}, "both blocks committed")
     assert second.status.replayed_rows == 170 - pending_end
@@ -371,9 +352,7 @@ def test_tables_come_before_the_pending_reflush_and_their_failures_are_retried(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_INITIAL_S", 0.01)
-    topic = Topic(partitions=1)
-    topic.produce(0, 40)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 40)
     insert_then_lose_the_term(h, leaders)
     attempts = h.sink.attempts
     h.sink.table_failures = 3

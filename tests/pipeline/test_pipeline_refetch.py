@@ -13,7 +13,14 @@ from hakafka.consumer import OffsetOutOfRangeError
 from hakafka.consumer.messages import KafkaMessage
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.refetch import KafkaRefetch, RefetchConsumer, RefetchError
-from tests.pipeline.fakes import Harness, Topic, decoder_for, pipeline_config, wait_for
+from tests.pipeline.fakes import (
+    Harness,
+    Topic,
+    decoder_for,
+    one_partition,
+    pipeline_config,
+    wait_for,
+)
 from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term, leaders, start
 
 __all__ = ["leaders"]  # the fixture, used by name
@@ -68,9 +75,7 @@ def test_range_wholly_past_retention_under_earliest_returns_what_is_left(tmp_pat
 
 
 def test_a_slow_large_reread_goes_on_while_offsets_arrive(tmp_path: Path) -> None:
-    topic = Topic(partitions=1)
-    topic.produce(0, 40)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    topic, h = one_partition(tmp_path, 40)
     consumer = TrickleConsumer(topic, per_poll=4, delay=0.2, starts={})
     steps: list[int] = []
     began = time.monotonic()
@@ -94,9 +99,7 @@ def test_a_reread_that_stalls_names_what_is_missing(tmp_path: Path) -> None:
 def test_pending_block_past_retention_under_fail_waits_for_ops(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    topic.produce(0, 30)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 30)
     insert_then_lose_the_term(h, leaders)
 
     def expired(_ranges: Mapping[int, OffsetRange], _decoder: object, _step: object) -> object:
