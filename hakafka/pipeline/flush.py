@@ -70,9 +70,9 @@ class FlushLane:
                 self._reflush(self.pending)
                 self.pending = None
             while True:
-                signals.beat()
                 time.sleep(FLUSH_CHECK_S)
-                self._check_stop()  # never seal a block for a pipeline that is stopping
+                # Never seal a block for a pipeline that is stopping.
+                signals.check_stop("stopped")
                 if not signals.gate.is_set() or not should_flush(
                     self.thresholds, lane.buffer.stats(), time.monotonic()
                 ):
@@ -93,10 +93,6 @@ class FlushLane:
         finally:
             self.failing_since = None  # a lane that ended makes no progress to wait for
             signals.beats_end()
-
-    def _check_stop(self) -> None:
-        if self.lane.signals.stop.is_set():
-            raise PipelineStopped("stopped")
 
     def _reflush(self, pending: PendingReflush) -> None:
         """Flush exactly the pending ranges again, with the same block id (same tokens)."""
@@ -143,7 +139,7 @@ class FlushLane:
         """pending -> ClickHouse (retried until it lands) -> checkpoint -> drop -> truncate."""
         lane = self.lane
         signals = lane.signals
-        self._check_stop()
+        signals.check_stop("stopped before a flush")
         signals.flush_idle.clear()
         try:
             began = time.monotonic()
@@ -166,9 +162,8 @@ class FlushLane:
             signals.wait_gate()
             if signals.abandoned.is_set():
                 raise PipelineStopped("flush abandoned")
-            committed = self.parts.fenced.commit_checkpoint(
-                name, {topic: {p: r.last + 1 for p, r in parts.items()}}
-            )
+            ends = {p: r.last + 1 for p, r in parts.items()}
+            committed = self.parts.fenced.commit_checkpoint(name, {topic: ends})
             self.checkpoint = {int(p): int(o) for p, o in committed.get(topic, {}).items()}
             lane.crash.hit("flush.after_checkpoint")
             lane.buffer.commit(block)
@@ -190,7 +185,7 @@ class FlushLane:
                 dead_letters=block.dead_count,
                 seconds=round(took, 3),
                 replica=flushed.replica,
-                checkpoint={p: r.last + 1 for p, r in parts.items()},
+                checkpoint=ends,
             )
         finally:
             signals.flush_idle.set()
@@ -212,15 +207,16 @@ class FlushLane:
             except Exception as exc:
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
+                error = f"{type(exc).__name__}: {exc}"[:500]
                 # Shown by `status` while it lasts; the shard reports the pipeline stuck once
                 # it lasts `stuck_after` (the retries go on).
-                self.lane.status.flush_error = f"{what} failing: {type(exc).__name__}: {exc}"[:500]
+                self.lane.status.flush_error = f"{what} failing: {error}"
                 self.lane.meters.flush_failed()
                 self.lane.log.warning(
                     f"{what}.retry",
                     block=None if block is None else block.block_id,
                     attempt=attempt,
-                    error=f"{type(exc).__name__}: {exc}"[:500],
+                    error=error,
                     backoff_s=delay,
                 )
                 if signals.stop.wait(delay):

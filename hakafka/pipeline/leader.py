@@ -49,12 +49,14 @@ from hakafka.pipeline.replay import (
     WalIndex,
     checkpoint_offsets,
     covers,
+    overlap,
     pending_ranges,
     pending_rows,
+    record_ranges,
     select_rows,
 )
 from hakafka.pipeline.state import PipelineState, PipelineStatus, PipelineStopped, Signals
-from hakafka.pipeline.walcodec import WalBatch, decode, decode_header, ranges_of
+from hakafka.pipeline.walcodec import WalBatch, decode
 from hakafka.settings import thresholds_of
 
 log = structlog.get_logger("hakafka.pipeline")
@@ -210,7 +212,7 @@ class PipelineLeader:
             self.status.enter(PipelineState.RECOVERING, self._log)
             wal = self._open_wal()
             starts = self._recover(wal)
-            self._check_stop("stopped during recovery")
+            self._signals.check_stop("stopped during recovery")
             self._flusher.start()
             starts.update(self._replay(wal, starts))
             self._consume.assign(self._parts.consumer(), starts)
@@ -286,31 +288,22 @@ class PipelineLeader:
         """The pending block rebuilt from the local WAL, or None if it lacks some offset.
         Only records that hold some of its offsets are decoded."""
         topic = self.config.topic
+        why = "stopped while reading the pending block"
         held: list[dict[int, OffsetRange]] = []
         for record in wal.replay():
-            self._check_stop("stopped while reading the pending block")
-            held.append(
-                {p: r for (t, p), r in ranges_of(decode_header(record)).items() if t == topic}
-            )
+            self._signals.check_stop(why)
+            held.append(record_ranges(record, topic))
         if not covers(held, wanted):
             return None
 
         def overlapping() -> Iterator[WalBatch]:
             for record, ranges in zip(wal.replay(), held, strict=False):
-                self._check_stop("stopped while reading the pending block")
-                if any(
-                    p in wanted and r.last >= wanted[p].first and r.first <= wanted[p].last
-                    for p, r in ranges.items()
-                ):
+                self._signals.check_stop(why)
+                if any(p in wanted and overlap(r, wanted[p]) for p, r in ranges.items()):
                     yield decode(record)
 
         rows, dead = pending_rows(overlapping(), topic, wanted, self.buffer.rows.schema)
         return make_block(block_id, {(topic, p): rng for p, rng in wanted.items()}, rows, dead)
-
-    def _check_stop(self, why: str) -> None:
-        self._signals.beat()
-        if self._signals.stop.is_set():
-            raise PipelineStopped(why)
 
     def _replay(self, wal: Wal, starts: dict[int, int]) -> dict[int, int]:
         """Put WAL records at or past `starts` back into the buffer; return the next offset
@@ -319,10 +312,8 @@ class PipelineLeader:
         cursor = ReplayCursor(dict(starts))
         replayed = 0
         for record in wal.replay():
-            self._check_stop("stopped during replay")
-            ranges = {
-                p: rng for (t, p), rng in ranges_of(decode_header(record)).items() if t == topic
-            }
+            self._signals.check_stop("stopped during replay")
+            ranges = record_ranges(record, topic)
             self._index.add(record.position, ranges)
             keep = cursor.accept(ranges)
             if not keep:

@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from buffer import OffsetRange
 from hakafka.coordination import PendingIntent
-from hakafka.pipeline.walcodec import WalBatch
-from wal import Position
+from hakafka.pipeline.walcodec import WalBatch, decode_header, ranges_of
+from wal import Position, Record
 
 # partition -> next offset to read; a pipeline reads one topic.
 Offsets = dict[int, int]
@@ -87,6 +87,17 @@ def covers(records: Iterable[PartitionRanges], wanted: PartitionRanges) -> bool:
     return True
 
 
+def overlap(a: OffsetRange, b: OffsetRange) -> OffsetRange | None:
+    """The offsets `a` and `b` share, or None."""
+    first, last = max(a.first, b.first), min(a.last, b.last)
+    return OffsetRange(first, last) if first <= last else None
+
+
+def record_ranges(record: Record, topic: str) -> dict[int, OffsetRange]:
+    """The offset range per partition of `topic` that a WAL record holds (its header only)."""
+    return {p: rng for (t, p), rng in ranges_of(decode_header(record)).items() if t == topic}
+
+
 def pending_ranges(intent: PendingIntent, topic: str) -> dict[int, OffsetRange]:
     """The inclusive offset range per partition of a pending block (the intent stores
     `[first, end)`)."""
@@ -107,16 +118,11 @@ def pending_rows(
     order): each (`_partition`, `_offset`) once, sorted by them."""
     rows, dead = [], []
     for batch in batches:
-        keep = {}
-        for (t, p), rng in batch.ranges.items():
-            need = wanted.get(p)
-            if (
-                t == topic
-                and need is not None
-                and rng.last >= need.first
-                and rng.first <= need.last
-            ):
-                keep[p] = OffsetRange(max(rng.first, need.first), min(rng.last, need.last))
+        keep = {
+            p: shared
+            for (t, p), rng in batch.ranges.items()
+            if t == topic and p in wanted and (shared := overlap(rng, wanted[p])) is not None
+        }
         if keep:
             rows.append(select_rows(batch.rows, keep))
             if batch.dead_letters is not None:

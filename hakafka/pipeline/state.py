@@ -108,6 +108,13 @@ class Signals:
         beats = list(self._beats.values())
         return max(0.0, now - min(beats)) if beats else 0.0
 
+    def check_stop(self, why: str) -> None:
+        """A step of the calling thread: beat, and raise PipelineStopped(`why`) if the pipeline
+        is stopping."""
+        self.beat()
+        if self.stop.is_set():
+            raise PipelineStopped(why)
+
     def wait_gate(self) -> None:
         """Return once side effects are allowed; PipelineStopped if the pipeline stops first,
         or if the block in flight was abandoned."""
