@@ -204,6 +204,7 @@ class ShardView:
     def close(self) -> None:
         self.client.stop()
         self.client.close()
+        self.client.close()
 
     def leader(self) -> tuple[LeaderInfo, Any] | None:
         """The leader record and its znode stat, or None while there is no leader."""

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
 from tests.fresh import fresh_python
+from tests.source_imports import ROOT, imports, module_of, source_files, within
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ["wal", "buffer", "spark_bridge"]
 
 
 def modules(package: str) -> list[str]:
     """Every importable module of ``package``; ``__main__`` is left out (importing it runs
     the CLI and exits)."""
-    names = []
-    for path in sorted((ROOT / package).rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        if parts[-1] == "__main__":
-            continue
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
+    return [module_of(p) for p in source_files(package) if p.stem != "__main__"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -38,26 +29,16 @@ def test_importing_the_package_loads_no_hakafka_module(package: str) -> None:
     assert found == "[]", f"importing {package} loaded {found}"
 
 
-def hakafka_imports(path: Path) -> list[str]:
-    """``file:line`` of every ``import hakafka...`` / ``from hakafka... import`` in ``path``."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        if any(name == "hakafka" or name.startswith("hakafka.") for name in names):
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    return found
-
-
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_source_file_imports_hakafka(package: str) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
+    files = source_files(package)
     assert files
-    offending = [where for path in files for where in hakafka_imports(path)]
+    offending = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in files
+        for line, module in imports(path)
+        if within(module, "hakafka")
+    ]
     assert offending == [], f"{package} imports hakafka at {', '.join(offending)}"
 
 

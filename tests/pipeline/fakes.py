@@ -17,6 +17,7 @@ import structlog
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from buffer import Catalog, OffsetRange
+from devstack.process import wait_until
 from hakafka.config import Config, PipelineConfig, parse_config
 from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
 from hakafka.consumer.schema import dead_letter_arrow_schema
@@ -39,12 +40,9 @@ WAIT_S = 10.0
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Poll `condition` every 10 ms; AssertionError naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
+    """Poll `condition` every 10 ms (these fakes answer at once); the project's wait_until
+    raises naming `what` after `timeout` s."""
+    wait_until(condition, timeout=timeout, what=what, interval=0.01)
 
 
 def pipeline_config(on_error: str = "dead_letter", **buffer: int | float) -> Config:
@@ -115,11 +113,21 @@ class Topic:
 
 
 class FakeConsumer:
-    """Reads a `Topic` from assigned offsets; records pause/resume calls."""
+    """Reads a `Topic` from assigned offsets, `batch` per partition and poll, `delay` s a
+    poll; records pause/resume calls. `log_starts` are where retention left each partition's
+    log: an earlier start moves up to it, as the `earliest` policy does."""
 
-    def __init__(self, topic: Topic, batch: int = 100) -> None:
+    def __init__(
+        self,
+        topic: Topic,
+        batch: int = 100,
+        delay: float = 0.0,
+        log_starts: Mapping[int, int] | None = None,
+    ) -> None:
         self.topic = topic
         self.batch = batch
+        self.delay = delay
+        self.log_starts = dict(log_starts or {})
         self.next: dict[int, int] = {}
         self.paused = False
         self.pauses = 0
@@ -130,11 +138,15 @@ class FakeConsumer:
         return sorted(self.topic.logs)
 
     def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
-        self.next = {p: start_offsets.get(p, 0) for p in self.owned_partitions()}
+        self.next = {
+            p: max(start_offsets.get(p, 0), self.log_starts.get(p, 0))
+            for p in self.owned_partitions()
+        }
         self.assigned_from = dict(self.next)
         return sorted(self.next)
 
     def consume(self, num_messages: int, timeout: float) -> Sequence[Message]:
+        time.sleep(self.delay)
         if self.paused:
             time.sleep(min(timeout, 0.01))
             return []

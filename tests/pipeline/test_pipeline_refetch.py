@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from buffer import OffsetRange
 from hakafka.consumer import OffsetOutOfRangeError
-from hakafka.consumer.messages import KafkaMessage
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.refetch import KafkaRefetch, RefetchConsumer, RefetchError
 from tests.pipeline.fakes import (
+    FakeConsumer,
     Harness,
     Topic,
     decoder_for,
@@ -26,37 +26,7 @@ from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term, leade
 __all__ = ["leaders"]  # the fixture, used by name
 
 
-class TrickleConsumer:
-    """Serves a topic's messages `per_poll` at a time, `delay` s apart, from `starts` (or from
-    where `assign` asked)."""
-
-    def __init__(self, topic: Topic, per_poll: int, delay: float, starts: dict[int, int]):
-        self.topic, self.per_poll, self.delay, self.starts = topic, per_poll, delay, starts
-        self.next: dict[int, int] = {}
-
-    def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
-        self.next = {p: max(o, self.starts.get(p, o)) for p, o in start_offsets.items()}
-        return sorted(self.next)
-
-    def position(self) -> dict[int, int]:
-        return dict(self.next)
-
-    def consume(self, num_messages: int, timeout: float) -> Sequence[KafkaMessage]:
-        time.sleep(self.delay)
-        out = []
-        for p, at in self.next.items():
-            out.extend(self.topic.logs[p][at : at + self.per_poll])
-            self.next[p] = at + len(out)
-        return out
-
-    def pause(self, partitions: Iterable[int] | None = None) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def refetch_over(consumer: TrickleConsumer, stall_s: float) -> KafkaRefetch:
+def refetch_over(consumer: FakeConsumer, stall_s: float) -> KafkaRefetch:
     def make(_refetch: KafkaRefetch, _partitions: list[int]) -> RefetchConsumer:
         return consumer
 
@@ -68,7 +38,7 @@ def test_range_wholly_past_retention_under_earliest_returns_what_is_left(tmp_pat
     topic.produce(0, 60)  # nothing arrives after the wanted range to end the read
     h = Harness(tmp_path, pipeline_config(), topic)
     # `earliest` moved the start to the log start, 60, past the wanted 10..50.
-    consumer = TrickleConsumer(topic, per_poll=10, delay=0.0, starts={0: 60})
+    consumer = FakeConsumer(topic, batch=10, log_starts={0: 60})
     refetch = refetch_over(consumer, stall_s=5.0)
     rows, dead = refetch({0: OffsetRange(10, 50)}, decoder_for(h.pipeline), lambda: None)
     assert rows.num_rows == 0 and dead is None
@@ -76,7 +46,7 @@ def test_range_wholly_past_retention_under_earliest_returns_what_is_left(tmp_pat
 
 def test_a_slow_large_reread_goes_on_while_offsets_arrive(tmp_path: Path) -> None:
     topic, h = one_partition(tmp_path, 40)
-    consumer = TrickleConsumer(topic, per_poll=4, delay=0.2, starts={})
+    consumer = FakeConsumer(topic, batch=4, delay=0.2)
     steps: list[int] = []
     began = time.monotonic()
     refetch = refetch_over(consumer, stall_s=1.0)
@@ -90,7 +60,7 @@ def test_a_reread_that_stalls_names_what_is_missing(tmp_path: Path) -> None:
     topic = Topic(partitions=1)
     topic.produce(0, 5)  # the wanted range goes to 9: offsets 5..9 never come
     h = Harness(tmp_path, pipeline_config(), topic)
-    consumer = TrickleConsumer(topic, per_poll=5, delay=0.01, starts={})
+    consumer = FakeConsumer(topic, batch=5, delay=0.01)
     refetch = refetch_over(consumer, stall_s=0.2)
     with pytest.raises(RefetchError, match=r"no wanted offset arrived for 0 s.*0: \(5, 9\)"):
         refetch({0: OffsetRange(0, 9)}, decoder_for(h.pipeline), lambda: None)
