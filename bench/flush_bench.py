@@ -25,7 +25,7 @@ from spark_bridge import (
     SparkSettings,
     TableSpec,
     ensure_table,
-    flush,
+    flush_block,
 )
 
 COLUMNS = (
@@ -97,7 +97,7 @@ def main() -> None:
                 direct.append(time.perf_counter() - started)
                 target = FlushTarget("bench", f"spark_{rows}", (replica,), "bench")
                 started = time.perf_counter()
-                result = flush(spark, Block(f"{rows}-{i}", table), target)
+                result = flush_block(spark, Block(f"{rows}-{i}", table), target)
                 spark_times.append(time.perf_counter() - started)
                 assert result.rows == rows
             count = client.query(f"SELECT count() FROM bench.spark_{rows}").result_rows[0][0]
@@ -113,7 +113,7 @@ def main() -> None:
         for i in range(5):
             target = FlushTarget("bench", "tiny", (replica,), "bench")
             started = time.perf_counter()
-            flush(spark, Block(f"tiny-{i}", tiny), target)
+            flush_block(spark, Block(f"tiny-{i}", tiny), target)
             overhead.append(time.perf_counter() - started)
         started = time.perf_counter()
         client.insert_arrow("tiny", tiny, database="bench")

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from spark_bridge.connection import Connection
     from spark_bridge.datasource import ClickHouseDataSource, ClickHouseOptions
-    from spark_bridge.flush import FlushBlock, FlushError, FlushResult, FlushTarget, flush
+    from spark_bridge.flush import (
+        FlushBlock,
+        FlushError,
+        FlushResult,
+        FlushTarget,
+        flush,
+        flush_block,
+    )
+    from spark_bridge.plan import FlushTask, PlanError, TaskRange
     from spark_bridge.reader import read_table
     from spark_bridge.replicas import (
         NoWritableReplicaError,
@@ -37,7 +45,11 @@ _SOURCES = {
     "FlushError": "flush",
     "FlushResult": "flush",
     "FlushTarget": "flush",
+    "FlushTask": "plan",
     "flush": "flush",
+    "flush_block": "flush",
+    "PlanError": "plan",
+    "TaskRange": "plan",
     "read_table": "reader",
     "NoWritableReplicaError": "replicas",
     "Replica": "replicas",
@@ -63,7 +75,9 @@ __all__ = [
     "FlushError",
     "FlushResult",
     "FlushTarget",
+    "FlushTask",
     "NoWritableReplicaError",
+    "PlanError",
     "Replica",
     "ReplicasExhaustedError",
     "RetryPolicy",
@@ -71,9 +85,11 @@ __all__ = [
     "SparkRuntime",
     "SparkSettings",
     "TableSpec",
+    "TaskRange",
     "TransformError",
     "ensure_table",
     "flush",
+    "flush_block",
     "load_transform",
     "prepare_session",
     "read_table",

@@ -86,6 +86,9 @@ class ClickHouseOptions:
     table: str
     connection: Connection = field(default_factory=Connection)
     token_prefix: str | None = None
+    task_tokens: tuple[str, ...] = ()
+    """The token of each task by index, set by the flush (not a Spark option); without it a
+    task's token is ``<token_prefix>:<task>``."""
     columns: tuple[str, ...] | None = None
     where: str | None = None
     partition_by: str | None = None
@@ -148,6 +151,8 @@ class ClickHouseOptions:
         raise error
 
     def token(self, task: int) -> str | None:
+        if self.task_tokens:
+            return self.task_tokens[task]
         return f"{self.token_prefix}:{task}" if self.token_prefix else None
 
 

@@ -1,13 +1,15 @@
 """The flush step: one sealed block -> Spark DataFrame -> optional transform -> ClickHouse.
 
-Exactly-once relies on ClickHouse block deduplication. The block's rows are sorted by
-(``_partition``, ``_offset``) and cut into ``ceil(rows / rows_per_task)`` contiguous slices;
-slice ``i`` is Spark partition ``i`` and is inserted by ONE request with the token
-``<token_prefix>:<block_id>:<i>``. Re-flushing the same block (same rows, same id, same
-`rows_per_task`) repeats the same tasks with the same tokens, so ClickHouse drops every
-insert it already has, whether the first attempt finished, died half way, or Spark retried a
-task. This holds while the table's deduplication window exceeds the number of insert blocks
+Exactly-once relies on ClickHouse block deduplication. A block is flushed as a list of
+`FlushTask`s, each a contiguous slice of its rows sorted by (``_partition``, ``_offset``)
+under a key (see `plan`: the key is a digest of the offsets the task holds). Task ``i`` is
+Spark partition ``i`` and is inserted by ONE request with the token ``<token_prefix>:<key>``.
+Re-flushing the same tasks repeats the same tokens, so ClickHouse drops every insert it
+already has, whether the first attempt finished, died half way, or Spark retried a task.
+This holds while the table's deduplication window exceeds the number of insert blocks
 written between the first attempt and the re-flush (see `tables.TableSpec.dedup_window`).
+`flush_block` plans the tasks itself (by ``rows_per_task``); a caller that must re-flush
+with the same tasks later (the daemon) records the plan and calls `flush` with it.
 
 Each task fetches its slice from the driver over Arrow Flight (`handoff`); the slices never
 become Spark rows unless a transform needs them. Without a transform, the job is a plain RDD
@@ -18,20 +20,18 @@ its slice as it came. Flushing needs a classic SparkSession (the block lives in 
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
 from spark_bridge.connection import Connection
 from spark_bridge.datasource import ClickHouseOptions, insert_task, spark_arrow_type
 from spark_bridge.handoff import SliceHandoff, fetch_slice
+from spark_bridge.plan import FlushTask, bounds_of, cut, plan_tasks, sorted_rows
 from spark_bridge.replicas import Failover, Replica, RetryPolicy
 from spark_bridge.transform import Transform, check_partitioning, load_transform
 
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("spark_bridge.flush")
 
-PARTITION_COLUMN = "_partition"
-OFFSET_COLUMN = "_offset"
 DEFAULT_ROWS_PER_TASK = 500_000
 _REPORT_SCHEMA = "task INT, rows BIGINT"
 
@@ -91,43 +89,6 @@ class FlushResult:
 
 class FlushError(Exception):
     """The block could not be flushed as one deterministic set of tasks."""
-
-
-def sorted_block(block: FlushBlock) -> pa.Table:
-    """The block's rows sorted by (``_partition``, ``_offset``), dictionaries decoded."""
-    table = block.to_table()
-    missing = [c for c in (PARTITION_COLUMN, OFFSET_COLUMN) if c not in table.column_names]
-    if missing:
-        raise FlushError(f"block {block.block_id}: missing meta columns {missing}")
-    decoded = [
-        col.dictionary_decode() if pa.types.is_dictionary(col.type) else col
-        for col in table.columns
-    ]
-    table = pa.Table.from_arrays(decoded, names=table.column_names)
-    # Consumed batches keep each partition's offsets ascending, so a stable sort on the
-    # partition alone (a counting sort, 20x cheaper than the two-key sort) is usually enough.
-    table = table.take(pc.sort_indices(table[PARTITION_COLUMN]))
-    if _offsets_ascending_per_partition(table):
-        return table
-    return table.sort_by([(PARTITION_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")])
-
-
-def _offsets_ascending_per_partition(table: pa.Table) -> bool:
-    """True if, in a table grouped by partition, offsets strictly rise within each partition."""
-    partitions = table[PARTITION_COLUMN].to_numpy()
-    offsets = table[OFFSET_COLUMN].to_numpy()
-    same = partitions[1:] == partitions[:-1]
-    return bool(np.all(~same | (offsets[1:] > offsets[:-1])))
-
-
-def task_slices(rows: int, rows_per_task: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each task: ``ceil(rows / rows_per_task)`` contiguous slices of
-    near-equal size, a pure function of its arguments."""
-    if rows == 0:
-        return []
-    tasks = math.ceil(rows / rows_per_task)
-    size = math.ceil(rows / tasks)
-    return [(start, min(size, rows - start)) for start in range(0, rows, size)]
 
 
 def _report(task: int, rows: int) -> pa.RecordBatch:
@@ -180,10 +141,10 @@ def _spark_compatible(table: pa.Table) -> pa.Table:
 
 
 class _BlockWrite:
-    """One block's slices, offered to the tasks of `write` until `close`."""
+    """One block's task slices, offered to the tasks of `write` until `close`."""
 
     def __init__(
-        self, spark: SparkSession, table: pa.Table, target: FlushTarget, block_id: str
+        self, spark: SparkSession, table: pa.Table, target: FlushTarget, tasks: Sequence[FlushTask]
     ) -> None:
         self.spark = spark
         self.target = target
@@ -193,14 +154,13 @@ class _BlockWrite:
         if self.transform is not None:
             table = _spark_compatible(table)
         self.schema = table.schema
-        self.slices = task_slices(table.num_rows, target.rows_per_task)
-        self.token_prefix = f"{target.token_prefix}:{block_id}"
+        self.tasks = tuple(tasks)
         try:
             self.context = spark.sparkContext
         except Exception as exc:  # Spark Connect has no SparkContext
             raise FlushError("flush needs a classic SparkSession (not Spark Connect)") from exc
         host = self.context.getConf().get("spark.driver.host", "127.0.0.1")
-        self.handoff = SliceHandoff(host, [table.slice(o, n) for o, n in self.slices])
+        self.handoff = SliceHandoff(host, [table.slice(t.start, t.rows) for t in self.tasks])
 
     def close(self) -> None:
         self.handoff.close()
@@ -212,9 +172,10 @@ class _BlockWrite:
             database=self.target.database,
             table=self.target.table,
             connection=self.target.connection,
-            token_prefix=self.token_prefix,
+            token_prefix=self.target.token_prefix,
+            task_tokens=tuple(f"{self.target.token_prefix}:{t.key}" for t in self.tasks),
         )
-        count = len(self.slices)
+        count = len(self.tasks)
         location, tickets = self.handoff.location, self.handoff.tickets
         if self.transform is None:
             insert = functools.partial(_fetch_and_insert, location, tickets, options)
@@ -231,32 +192,38 @@ class _BlockWrite:
         return [(int(row[0]), int(row[1])) for row in df.collect()]
 
 
-def flush(spark: SparkSession, block: FlushBlock, target: FlushTarget) -> FlushResult:
-    """Write `block` to one writable replica of `target`; returns once ClickHouse acknowledged
-    every task. Raises `FlushError`, `NoWritableReplicaError`, `ReplicasExhaustedError` or
-    `TransformError`; a raised flush may have written some tasks, and
-    re-flushing the same block completes it without duplicates."""
+def flush(
+    spark: SparkSession,
+    block_id: str,
+    table: pa.Table,
+    target: FlushTarget,
+    tasks: Sequence[FlushTask],
+) -> FlushResult:
+    """Write the `tasks` of a block (slices of its sorted rows `table`) to one writable
+    replica of `target`; returns once ClickHouse acknowledged every task. Tasks without rows
+    are not sent. Raises `FlushError`, `NoWritableReplicaError`, `ReplicasExhaustedError` or
+    `TransformError`; a raised flush may have written some tasks, and flushing the same
+    tasks again completes it without duplicates."""
     started = time.monotonic()
-    table = sorted_block(block)
-    if table.num_rows == 0:
-        return FlushResult(block.block_id, 0, 0, None, time.monotonic() - started, 0)
-    write = _BlockWrite(spark, table, target, block.block_id)
+    tasks = [t for t in tasks if t.rows]
+    if not tasks:
+        return FlushResult(block_id, 0, 0, None, time.monotonic() - started, 0)
+    write = _BlockWrite(spark, table, target, tasks)
     try:
         reports, replica, attempts = Failover(target.connection, target.retry).run(
             target.replicas, write.write
         )
     finally:
         write.close()
-    tasks = sorted(task for task, _ in reports)
-    if tasks != list(range(len(write.slices))):
-        raise FlushError(
-            f"block {block.block_id}: expected tasks 0..{len(write.slices) - 1}, Spark ran {tasks}"
-        )
+    ran = sorted(task for task, _ in reports)
+    if ran != list(range(len(tasks))):
+        raise FlushError(f"block {block_id}: expected tasks 0..{len(tasks) - 1}, Spark ran {ran}")
     rows = sum(count for _, count in reports)
-    if write.transform is None and rows != table.num_rows:
-        raise FlushError(f"block {block.block_id}: inserted {rows} of {table.num_rows} rows")
+    expected = sum(t.rows for t in tasks)
+    if write.transform is None and rows != expected:
+        raise FlushError(f"block {block_id}: inserted {rows} of {expected} rows")
     result = FlushResult(
-        block.block_id, rows, len(tasks), replica.name, time.monotonic() - started, attempts
+        block_id, rows, len(tasks), replica.name, time.monotonic() - started, attempts
     )
     log.info(
         "flush.written",
@@ -268,3 +235,13 @@ def flush(spark: SparkSession, block: FlushBlock, target: FlushTarget) -> FlushR
         seconds=round(result.seconds, 3),
     )
     return result
+
+
+def flush_block(spark: SparkSession, block: FlushBlock, target: FlushTarget) -> FlushResult:
+    """`flush` a block cut into tasks of about ``target.rows_per_task`` rows (see
+    `plan.plan_tasks`): the same block always gives the same tasks and tokens."""
+    table = sorted_rows(block.to_table(), f"block {block.block_id}")
+    ranges = plan_tasks(table, bounds_of(table), target.rows_per_task)
+    slices = cut(table, ranges, f"block {block.block_id}")
+    tasks = [FlushTask(r.key, start, n) for r, (start, n) in zip(ranges, slices, strict=True)]
+    return flush(spark, block.block_id, table, target, tasks)

@@ -30,6 +30,7 @@ from hakafka.coordination.records import (
     OffsetRanges,
     PendingIntent,
     ReplacingInfo,
+    TaskRecord,
 )
 from hakafka.coordination.session import ZkConfig
 
@@ -54,6 +55,7 @@ __all__ = [
     "ReplacingInfo",
     "Resumed",
     "Suspended",
+    "TaskRecord",
     "ZkConfig",
     "ZooKeeperUnavailableError",
 ]

@@ -144,20 +144,66 @@ class FailoverRequest:
 
 
 @dataclass(frozen=True)
+class TaskRecord:
+    """One flush task of a pending block: the offsets it holds (`spans`, each
+    ``(partition, first, end)`` with end exclusive), how many rows and dead letters they
+    decoded to, and a digest of which ones (see `spark_bridge.plan.offsets_digest`)."""
+
+    key: str
+    spans: tuple[tuple[int, int, int], ...]
+    rows: int
+    dead: int
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "spans": [list(s) for s in self.spans],
+            "rows": self.rows,
+            "dead": self.dead,
+            "digest": self.digest,
+        }
+
+    @classmethod
+    def from_json(cls, path: str, value: Any) -> TaskRecord:
+        if not isinstance(value, dict):
+            raise CorruptZnodeError(f"znode {path}: a task must be an object, got {value!r}")
+        try:
+            spans = tuple((int(p), int(f), int(e)) for p, f, e in value.get("spans", ()))
+        except (TypeError, ValueError) as exc:
+            raise CorruptZnodeError(f"znode {path}: bad task 'spans' ({exc})") from None
+        return cls(
+            key=_field(path, value, "key", str),
+            spans=spans,
+            rows=_field(path, value, "rows", int),
+            dead=_field(path, value, "dead", int),
+            digest=_field(path, value, "digest", str),
+        )
+
+
+@dataclass(frozen=True)
 class PendingIntent:
     """A flush intent (`pipelines/<p>/pending`): the exact offset ranges of the block in
-    flight, written before the block goes to ClickHouse."""
+    flight, written before the block goes to ClickHouse, with the plan a re-flush follows:
+    its `tasks` and the `settings` that decided its rows (format, on_error, transform,
+    columns). An intent written by a version before plans has neither (empty)."""
 
     block_id: str
     ranges: OffsetRanges
     epoch: int
+    tasks: tuple[TaskRecord, ...] = ()
+    settings: tuple[tuple[str, str], ...] = ()
 
     def encode(self) -> bytes:
         ranges = {
             topic: {str(p): [first, end] for p, (first, end) in parts.items()}
             for topic, parts in self.ranges.items()
         }
-        return _dump({"block_id": self.block_id, "ranges": ranges, "epoch": self.epoch})
+        value: dict[str, Any] = {"block_id": self.block_id, "ranges": ranges, "epoch": self.epoch}
+        if self.tasks:
+            value["tasks"] = [task.to_json() for task in self.tasks]
+            value["settings"] = dict(self.settings)
+        return _dump(value)
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> PendingIntent:
@@ -169,10 +215,16 @@ class PendingIntent:
                 ranges[topic] = {int(p): (int(r[0]), int(r[1])) for p, r in parts.items()}
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
             raise CorruptZnodeError(f"znode {path}: bad 'ranges' ({exc})") from None
+        tasks = v.get("tasks", [])
+        settings = v.get("settings", {})
+        if not isinstance(tasks, list) or not isinstance(settings, dict):
+            raise CorruptZnodeError(f"znode {path}: 'tasks' must be a list, 'settings' an object")
         return cls(
             block_id=_field(path, v, "block_id", str),
             ranges=ranges,
             epoch=_field(path, v, "epoch", int),
+            tasks=tuple(TaskRecord.from_json(path, t) for t in tasks),
+            settings=tuple(sorted((str(k), str(val)) for k, val in settings.items())),
         )
 
 

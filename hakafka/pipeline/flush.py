@@ -3,8 +3,9 @@ never dropped), commit the checkpoint fenced by the epoch, drop the block from t
 truncate the WAL.
 
 The order is what makes a crash at any point safe: an intent without a checkpoint is
-re-flushed by the next leader with the same block id (same deduplication tokens), and a
-checkpoint is only written once ClickHouse acknowledged the block.
+re-flushed by the next leader along the tasks the intent recorded (same deduplication tokens,
+checked to hold the same rows: see `blockplan`), and a checkpoint is only written once
+ClickHouse acknowledged the block.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from typing import TypeVar
 from buffer import OffsetRange, Thresholds, should_flush
 from hakafka.consumer import Decoder, OffsetOutOfRangeError
 from hakafka.coordination import FencedError, PendingIntent
+from hakafka.pipeline.blockplan import (
+    BlockMismatchError,
+    PlannedBlock,
+    block_settings,
+    follow_plan,
+    plan_block,
+)
 from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import PipelineParts, Wal
@@ -52,6 +60,8 @@ class FlushLane:
     thresholds: Thresholds
     parts: PipelineParts
     decoder: Decoder
+    rows_per_task: int
+    """How many rows a new block's flush tasks hold (a re-flush follows its recorded plan)."""
     wal: Wal | None = None
     checkpoint: dict[int, int] = field(default_factory=dict)
     pending: PendingReflush | None = None
@@ -79,14 +89,18 @@ class FlushLane:
                     continue
                 block = lane.buffer.seal()
                 if block is not None:
-                    self.flush_and_commit(block, intent_written=False)
+                    planned = plan_block(block, self.rows_per_task)
+                    self.flush_and_commit(planned, intent_written=False)
         except (PipelineStopped, FencedError) as exc:
             lane.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)
         except Exception as exc:
             lane.status.error = f"{type(exc).__name__}: {exc}"
-            # A pending block past retention under out_of_range = "fail" fails the same way
-            # on every leader: it waits for ops (kafka.out_of_range = "earliest" skips it).
-            lane.status.restartable = not isinstance(exc, OffsetOutOfRangeError)
+            # These fail the same way on every leader: they wait for ops. A pending block past
+            # retention under out_of_range = "fail" (kafka.out_of_range = "earliest" skips
+            # it); a pending block that no longer matches its plan.
+            lane.status.restartable = not isinstance(
+                exc, (OffsetOutOfRangeError, BlockMismatchError)
+            )
             lane.log.error("flush.failed_permanently", error=lane.status.error)
             lane.status.enter(PipelineState.FAILED, lane.log, error=lane.status.error)
             signals.stop.set()
@@ -124,7 +138,10 @@ class FlushLane:
                 rows=block.row_count,
                 dead=block.dead_count,
             )
-            self.flush_and_commit(block, intent_written=True)
+            planned = follow_plan(
+                block, pending.intent, block_settings(lane.config), self.rows_per_task
+            )
+            self.flush_and_commit(planned, intent_written=True)
         finally:
             lane.status.reflushing = False
             lane.signals.flush_idle.set()
@@ -135,9 +152,9 @@ class FlushLane:
         if self.lane.signals.stop.is_set() and self.lane.signals.abandoned.is_set():
             raise PipelineStopped("re-fetch abandoned")
 
-    def flush_and_commit(self, block: PipelineBlock, *, intent_written: bool) -> None:
+    def flush_and_commit(self, planned: PlannedBlock, *, intent_written: bool) -> None:
         """pending -> ClickHouse (retried until it lands) -> checkpoint -> drop -> truncate."""
-        lane = self.lane
+        lane, block = self.lane, planned.block
         signals = lane.signals
         signals.check_stop("stopped before a flush")
         signals.flush_idle.clear()
@@ -150,13 +167,15 @@ class FlushLane:
                     block.block_id,
                     {topic: {p: (r.first, r.last + 1) for p, r in parts.items()}},
                     self.parts.fenced.epoch,
+                    planned.tasks,
+                    block_settings(lane.config),
                 )
                 signals.wait_gate()
                 self.parts.fenced.write_pending(name, intent)
                 lane.crash.hit("flush.after_pending")
             lane.status.pending_block = block.block_id
             flushed = self._retry(
-                "flush", block, lambda: self.parts.sink.flush(block, self.parts.replicas())
+                "flush", block, lambda: self.parts.sink.flush(planned, self.parts.replicas())
             )
             lane.crash.hit("flush.after_insert")
             signals.wait_gate()
@@ -183,6 +202,7 @@ class FlushLane:
                 block=block.block_id,
                 rows=block.row_count,
                 dead_letters=block.dead_count,
+                tasks=len(planned.rows),
                 seconds=round(took, 3),
                 replica=flushed.replica,
                 checkpoint=ends,

@@ -78,6 +78,7 @@ class PipelineLeader:
         shard: int,
         decoder: Decoder,
         parts: PipelineParts,
+        rows_per_task: int,
         catalog: Catalog,
         metrics: Metrics,
         crash: CrashPlan | None = None,
@@ -107,7 +108,7 @@ class PipelineLeader:
             log=self._log,
         )
         self._consume = ConsumeLane(lane, decoder)
-        self._flush = FlushLane(lane, thresholds_of(config), parts, decoder)
+        self._flush = FlushLane(lane, thresholds_of(config), parts, decoder, rows_per_task)
         self._wal: Wal | None = None
         self._registered: list[str] = []
         self._threads_done = 0

@@ -18,7 +18,7 @@ from buffer import OffsetRange
 from hakafka.consumer import Decoder
 from hakafka.consumer.messages import KafkaMessage
 from hakafka.coordination import Checkpoint, PendingIntent
-from hakafka.pipeline.buffer import PipelineBlock
+from hakafka.pipeline.blockplan import PlannedBlock
 from spark_bridge.replicas import Replica
 from wal import Position, Record, RepairReport
 
@@ -99,9 +99,10 @@ class Sink(Protocol):
         """Create both tables where missing; raise if one exists with other columns."""
         ...
 
-    def flush(self, block: PipelineBlock, replicas: tuple[Replica, ...]) -> Flushed:
-        """Write the block idempotently (same block id, same dedup tokens); return once
-        ClickHouse acknowledged it, raise otherwise."""
+    def flush(self, block: PlannedBlock, replicas: tuple[Replica, ...]) -> Flushed:
+        """Write the block's tasks idempotently (a task's token derives from its key, so
+        the same tasks again add nothing); return once ClickHouse acknowledged every task,
+        raise otherwise."""
         ...
 
 

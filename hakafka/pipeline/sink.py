@@ -1,9 +1,9 @@
 """Where a pipeline's blocks go: its two ClickHouse tables, the shard's replicas, the flush.
 
-`PipelineSink` flushes a `PipelineBlock` through Spark: first its rows into `<table>`, then
-its dead letters into `<table>_dead_letter`, both with deduplication tokens
-`<pipeline>:<block id>:<task>`, so a re-flush of the same block (by this node or the next
-leader) adds nothing twice.
+`PipelineSink` flushes a `PlannedBlock` through Spark: first its rows into `<table>`, then
+its dead letters into `<table>_dead_letter`, each task with the deduplication token
+`<pipeline>:<task key>` (the key names the task's offsets, see `blockplan`), so a re-flush of
+the same tasks (by this node or the next leader) adds nothing twice.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import PipelineSchema
-from hakafka.pipeline.buffer import PipelineBlock
+from hakafka.pipeline.blockplan import PlannedBlock
 from hakafka.pipeline.parts import Flushed
 from hakafka.settings import connection_of, table_specs
 from spark_bridge.flush import FlushTarget, flush
@@ -34,7 +34,6 @@ class PipelineSink:
         spark: Callable[[], SparkSession],
     ) -> None:
         self._pipeline = pipeline
-        self._rows_per_task = config.spark.rows_per_task
         self._spark = spark
         self.rows_spec, self.dead_spec = table_specs(config, pipeline, schema)
         self.connection = connection_of(config)
@@ -52,19 +51,20 @@ class PipelineSink:
             finally:
                 client.close()
 
-    def flush(self, block: PipelineBlock, replicas: tuple[Replica, ...]) -> Flushed:
+    def flush(self, block: PlannedBlock, replicas: tuple[Replica, ...]) -> Flushed:
         """Write the block's rows and dead letters; returns once ClickHouse acknowledged both."""
-        spark = self._spark()
+        spark, sealed = self._spark(), block.block
         rows = flush(
             spark,
-            block.rows,
+            sealed.block_id,
+            sealed.rows.table,
             self._target(self.rows_spec, replicas, self._pipeline.transform or None),
+            block.rows,
         )
         dead = 0
-        if block.dead_letters is not None:
-            dead = flush(
-                spark, block.dead_letters, self._target(self.dead_spec, replicas, None)
-            ).rows
+        if sealed.dead_letters is not None:
+            target = self._target(self.dead_spec, replicas, None)
+            dead = flush(spark, sealed.block_id, sealed.dead_letters.table, target, block.dead).rows
         return Flushed(rows=rows.rows, dead_letters=dead, replica=rows.replica)
 
     def _target(
@@ -77,5 +77,4 @@ class PipelineSink:
             token_prefix=self._pipeline.name,
             connection=self.connection,
             transform=transform,
-            rows_per_task=self._rows_per_task,
         )

@@ -1,5 +1,5 @@
 """In-memory parts for `PipelineLeader`: a topic, its consumer, ZooKeeper's fenced state and a
-ClickHouse sink that deduplicates by block id as ClickHouse does by insert token."""
+ClickHouse sink that keeps the first insert per task key, as ClickHouse does per token."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from hakafka.coordination import Checkpoint, FencedError, PendingIntent
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineParts
-from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer
+from hakafka.pipeline.blockplan import PlannedBlock
+from hakafka.pipeline.buffer import PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.meters import PipelineMeters
@@ -212,7 +213,8 @@ class FakeFenced:
     def write_pending(self, pipeline: str, intent: PendingIntent) -> None:
         with self._lock:
             self._check(write=True)
-            self.pending = intent
+            # Through the znode's encoding, as the next leader reads it.
+            self.pending = PendingIntent.decode("pending", intent.encode())
 
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint:
         with self._lock:
@@ -226,13 +228,16 @@ class FakeFenced:
 
 @dataclass
 class FakeSink:
-    """ClickHouse's side: keeps the first insert per block id, as it keeps the first per
-    deduplication token. `gate` (when cleared) holds flushes; `failures` fail the next ones."""
+    """ClickHouse's side: keeps the first insert per task key (`rows`, `dead`: key -> rows),
+    as it keeps the first per deduplication token. `gate` (when cleared) holds flushes;
+    `failures` fail the next ones; `die_after_tasks` = n makes the next flush insert n tasks
+    and then fail (an attempt killed between tasks)."""
 
     rows: dict[str, pa.Table] = field(default_factory=dict)
     dead: dict[str, pa.Table] = field(default_factory=dict)
     attempts: int = 0
     failures: int = 0
+    die_after_tasks: int | None = None
     table_failures: int = 0
     gate: threading.Event = field(default_factory=threading.Event)
     entered: threading.Event = field(default_factory=threading.Event)
@@ -254,19 +259,29 @@ class FakeSink:
                 raise ConnectionError("ClickHouse is away (tables)")
             self.tables_ensured += 1
 
-    def flush(self, block: PipelineBlock, replicas: tuple[Replica, ...]) -> Flushed:
+    def flush(self, block: PlannedBlock, replicas: tuple[Replica, ...]) -> Flushed:
         self.attempts += 1
         self.entered.set()
         if not self.gate.wait(WAIT_S):
             raise TimeoutError("the test never opened the sink's gate")
         with self.lock:
             failing, self.failures = self.failures > 0, max(0, self.failures - 1)
+            budget, self.die_after_tasks = self.die_after_tasks, None
         if failing:
             raise ConnectionError("ClickHouse is away")
-        self.rows.setdefault(block.block_id, block.rows.table)
-        if block.dead_letters is not None:
-            self.dead.setdefault(block.block_id, block.dead_letters.table)
-        return Flushed(block.row_count, block.dead_count, "n1")
+        sealed = block.block
+        for half, tasks, kept in (
+            (sealed.rows, block.rows, self.rows),
+            (sealed.dead_letters, block.dead, self.dead),
+        ):
+            for task in tasks:
+                if half is None or not task.rows:
+                    continue  # the real flush sends no task without rows
+                if budget is not None and budget <= 0:
+                    raise ConnectionError("the flush was killed between tasks")
+                kept.setdefault(task.key, half.table.slice(task.start, task.rows))
+                budget = None if budget is None else budget - 1
+        return Flushed(sealed.row_count, sealed.dead_count, "n1")
 
     def offsets(self) -> list[tuple[int, int]]:
         """Every (`_partition`, `_offset`) the table holds, with repeats."""
@@ -347,6 +362,7 @@ class Harness:
                 fenced=self.fenced,
                 replicas=lambda: (),
             ),
+            rows_per_task=self.config.spark.rows_per_task,
             catalog=self.catalog,
             metrics=Metrics.create(registry=_registry()),
             crash=self.crash,

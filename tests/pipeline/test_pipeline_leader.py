@@ -111,7 +111,7 @@ def test_next_leader_reflushes_pending_from_its_wal_with_the_same_block_id(
     assert h.sink.attempts == 2  # the same block again: the sink kept the first insert
     assert h.fenced.commits == 1
     assert second.status.replayed_rows == 0  # the pending block's rows are not replayed
-    assert list(h.sink.rows) == [pending.block_id]
+    assert list(h.sink.rows) == [task.key for task in pending.tasks]
     assert h.sink.offsets() == every_offset(topic)
     assert h.refetch is not None and h.refetch.calls == 0
     assert second.status.refetched_rows == 0
@@ -232,7 +232,7 @@ def test_new_leader_consumes_while_its_pending_block_is_reflushed(
     h.sink.gate.set()
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 150}, "both blocks committed")
     first_block, second_block = h.sink.rows  # in flush order: the pending block first
-    assert first_block == pending.block_id
+    assert [first_block] == [task.key for task in pending.tasks]
     assert h.sink.rows[second_block].column("_offset").to_pylist() == list(range(100, 150))
     assert h.sink.offsets() == every_offset(topic)
     assert not second.status.reflushing

@@ -25,7 +25,7 @@ from spark_bridge import (
     SchemaMismatchError,
     TableSpec,
     ensure_table,
-    flush,
+    flush_block,
     prepare_session,
     read_table,
 )
@@ -87,11 +87,11 @@ def test_flush_1m_rows_exactly_once_and_reflush_adds_nothing(
     target = FlushTarget(
         ch_database, "events", (replica(clickhouse),), "pipe", rows_per_task=250_000
     )
-    result = flush(bridge, make_block(1_000_000, seed=1), target)
+    result = flush_block(bridge, make_block(1_000_000, seed=1), target)
     assert (result.rows, result.tasks, result.replica, result.attempts) == (1_000_000, 4, "r1", 1)
     assert stats(ch_client) == (1_000_000, 1_000_000)
     # Same block arriving in another order: same sorted slices, same tokens, nothing added.
-    again = flush(bridge, make_block(1_000_000, seed=2), target)
+    again = flush_block(bridge, make_block(1_000_000, seed=2), target)
     assert again.tasks == 4
     assert stats(ch_client) == (1_000_000, 1_000_000)
     assert ch_client.query("SELECT sum(v) FROM events").result_rows[0][0] == sum(range(1_000_000))
@@ -175,11 +175,11 @@ def test_attempt_killed_half_way_then_reflushed_leaves_one_copy(  # noqa: PLR091
     )
     block = make_block(400_000, "half")
     with pytest.raises(Exception, match="injected failure in task 3"):
-        flush(bridge, block, target)
+        flush_block(bridge, block, target)
     partial = stats(ch_client)
     assert 200_000 <= partial[0] < 400_000 and partial[0] == partial[1]
     marker.unlink()
-    result = flush(bridge, block, target)
+    result = flush_block(bridge, block, target)
     assert (result.rows, result.tasks) == (400_000, 4)
     assert stats(ch_client) == (400_000, 400_000)
 
@@ -206,7 +206,7 @@ def test_transforms_callable_and_sql(
         "token_prefix": "pipe",
         "rows_per_task": 3_000,
     }
-    done = flush(
+    done = flush_block(
         bridge,
         block,
         FlushTarget(ch_database, "doubled", transform=f"{transforms.__name__}:add_doubled", **base),
@@ -216,7 +216,7 @@ def test_transforms_callable_and_sql(
         (10_000, 10_000)
     ]
     sql = "SELECT v, _partition, _offset, v * 3 AS tripled FROM block WHERE v % 2 = 0"
-    evens = flush(bridge, block, FlushTarget(ch_database, "evens", transform=sql, **base))
+    evens = flush_block(bridge, block, FlushTarget(ch_database, "evens", transform=sql, **base))
     assert (evens.rows, evens.tasks) == (5_000, 4)
     assert ch_client.query(
         "SELECT count(), countIf(tripled = 3 * v AND v % 2 = 0) FROM evens"
@@ -255,17 +255,17 @@ def test_replica_choice_not_writable_dead_and_failing(
 
     # The local replica is being replaced: never written, the block lands on the other one.
     replacing = replica(second_front, "local", local=True, writable=False)
-    result = flush(bridge, block, target(replacing, main))
+    result = flush_block(bridge, block, target(replacing, main))
     assert (result.replica, result.attempts) == ("main", 1)
     assert other.query("SELECT count() FROM events").result_rows == [(0,)]
     assert stats(ch_client) == (20_000, 20_000)
     with pytest.raises(NoWritableReplicaError, match="local"):
-        flush(bridge, block, target(replacing))
+        flush_block(bridge, block, target(replacing))
 
     # A healthy local replica whose insert fails: the block is retried on the next replica.
     other.command("DROP TABLE events")
     failing = replica(second_front, "local", local=True)
-    result = flush(bridge, make_block(20_000, "b2", start=20_000), target(main, failing))
+    result = flush_block(bridge, make_block(20_000, "b2", start=20_000), target(main, failing))
     assert (result.replica, result.attempts) == ("main", 2)
     assert stats(ch_client) == (40_000, 40_000)
     other.close()
@@ -273,7 +273,7 @@ def test_replica_choice_not_writable_dead_and_failing(
     # A dead local replica fails its health check and is skipped without costing an attempt.
     second_front.stop()
     started = time.monotonic()
-    result = flush(bridge, make_block(20_000, "b3", start=40_000), target(failing, main))
+    result = flush_block(bridge, make_block(20_000, "b3", start=40_000), target(failing, main))
     assert (result.replica, result.attempts) == ("main", 1)
     assert stats(ch_client) == (60_000, 60_000)
     assert time.monotonic() - started < 30
@@ -286,7 +286,7 @@ def test_read_table_rows_filters_and_partitions(
         ch_database, "events", COLUMNS, order_by="(_partition, _offset)", partition_by="_partition"
     )
     ensure_table(ch_client, table)
-    flush(
+    flush_block(
         bridge,
         make_block(40_000),
         FlushTarget(ch_database, "events", (replica(clickhouse),), "pipe"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
@@ -11,8 +10,8 @@ from pyarrow import flight
 from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
 
 from spark_bridge.datasource import filter_sql, parse_hosts, sql_literal
-from spark_bridge.flush import sorted_block, task_slices
 from spark_bridge.handoff import SliceHandoff, fetch_slice
+from spark_bridge.plan import sorted_rows, task_slices
 from spark_bridge.replicas import NoWritableReplicaError, Replica, RetryPolicy, write_order
 from spark_bridge.tables import Engine, TableSpec
 
@@ -77,23 +76,14 @@ def test_replica_order_and_backoff() -> None:
     assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [0.25, 0.5, 1.0, 1.0]
 
 
-@dataclass
-class _Block:
-    block_id: str
-    table: pa.Table
-
-    def to_table(self) -> pa.Table:
-        return self.table
-
-
-def test_sorted_block_orders_by_partition_then_offset_in_both_paths() -> None:
+def test_sorted_rows_orders_by_partition_then_offset_in_both_paths() -> None:
     # Consumed order (offsets rising per partition) and a shuffled order (they do not).
     consumed = pa.table(
         {"_partition": [1, 0, 1, 0, 2], "_offset": [5, 7, 6, 8, 1], "v": list("abcde")}
     )
     shuffled = consumed.take([3, 2, 4, 1, 0])
     for table in (consumed, shuffled):
-        result = sorted_block(_Block("b", table))
+        result = sorted_rows(table, "block b")
         assert list(
             zip(result["_partition"].to_pylist(), result["_offset"].to_pylist(), strict=True)
         ) == [

@@ -1,0 +1,141 @@
+"""A block's identity is its content: a re-flush follows the tasks the intent recorded.
+
+Nodes with different `rows_per_task`, an attempt killed between tasks, a re-fetch that finds
+other messages, settings changed under a pending block: every offset lands once, or the
+pipeline stops naming the block. In-memory parts (tests/pipeline/fakes.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hakafka.config import Config
+from hakafka.coordination import PendingIntent
+from hakafka.pipeline import PipelineLeader, PipelineState
+from tests.pipeline.fakes import TOPIC, Harness, Topic, one_partition, pipeline_config, wait_for
+
+
+@pytest.fixture
+def leaders() -> Iterator[list[PipelineLeader]]:
+    started: list[PipelineLeader] = []
+    yield started
+    for leader in started:
+        leader.stop(0.0)
+
+
+def start(h: Harness, leaders: list[PipelineLeader]) -> PipelineLeader:
+    leader = h.leader()
+    leaders.append(leader)
+    leader.start()
+    return leader
+
+
+def with_rows_per_task(config: Config, rows_per_task: int) -> Config:
+    return dataclasses.replace(
+        config, spark=dataclasses.replace(config.spark, rows_per_task=rows_per_task)
+    )
+
+
+def killed_between_tasks(h: Harness, leaders: list[PipelineLeader], tasks: int) -> PendingIntent:
+    """A leader's first flush inserts `tasks` tasks, then the node dies (its term ends);
+    returns the intent it left, with `h` switched to the next term."""
+    h.sink.gate.clear()
+    h.sink.die_after_tasks = tasks
+    first = start(h, leaders)
+    wait_for(h.sink.entered.is_set, "the first flush")
+    h.fenced.fenced = True
+    h.sink.gate.set()
+    wait_for(lambda: len(h.sink.rows) == tasks, f"{tasks} tasks inserted")
+    first.stop(5.0)
+    assert h.fenced.commits == 0 and h.fenced.pending is not None
+    pending = h.fenced.pending
+    h.fenced = h.fenced.next_term()
+    return pending
+
+
+def two_partitions() -> Topic:
+    """120 messages over two partitions, three of them malformed (dead letters)."""
+    topic = Topic(partitions=2)
+    topic.produce(0, 70, bad=[5, 40])
+    topic.produce(1, 50, bad=[0])
+    return topic
+
+
+@pytest.mark.parametrize("next_rows_per_task", [25, 100])
+@pytest.mark.parametrize("other_node", [False, True])
+def test_a_node_with_other_rows_per_task_completes_a_block_killed_between_tasks(
+    tmp_path: Path, leaders: list[PipelineLeader], next_rows_per_task: int, other_node: bool
+) -> None:
+    topic = two_partitions()
+    h = Harness(tmp_path, with_rows_per_task(pipeline_config(), 40), topic)
+    pending = killed_between_tasks(h, leaders, tasks=1)
+    assert len(pending.tasks) == 3  # 117 rows at 40 per task
+    assert [t.rows for t in pending.tasks] == [39, 39, 39]
+    assert sum(t.dead for t in pending.tasks) == 3
+    # The next leader has another rows_per_task (its own config, or an edited one), and
+    # rebuilds the block from its WAL or, on another node, from Kafka.
+    h.config = with_rows_per_task(h.config, next_rows_per_task)
+    if other_node:
+        h.wal_dir_name = "another-node-wal"
+    start(h, leaders)
+    ends = {0: 70, 1: 50}
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == ends, "the re-flush's checkpoint")
+    good = [(0, o) for o in range(70) if o not in (5, 40)] + [(1, o) for o in range(1, 50)]
+    assert h.sink.offsets() == sorted(good), "every row exactly once"
+    assert h.sink.dead_offsets() == [(0, 5), (0, 40), (1, 0)]
+    assert set(h.sink.rows) == {t.key for t in pending.tasks}, "the recorded tasks only"
+    assert h.refetch is not None and h.refetch.calls == int(other_node)
+
+
+def test_a_refetch_that_finds_fewer_messages_stops_naming_the_block(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    topic, h = one_partition(tmp_path, 60)
+    h.config = with_rows_per_task(h.config, 20)
+    pending = killed_between_tasks(h, leaders, tasks=1)
+    # Compaction removed offsets 30..34 before the next leader, on another node, re-reads.
+    topic.logs[0] = [m for m in topic.logs[0] if not 30 <= (m.offset() or 0) < 35]
+    h.wal_dir_name = "another-node-wal"
+    attempts = h.sink.attempts
+    second = start(h, leaders)
+    wait_for(lambda: second.status.state is PipelineState.FAILED, "the pipeline to stop")
+    error = second.status.error or ""
+    assert f"block {pending.block_id}, task 2 of 3 (partition 0 offsets 20..39)" in error
+    assert "recorded 20 rows and 0 dead letters, rebuilt 15 rows" in error
+    assert not second.status.restartable, "every leader would find the same: ops decide"
+    assert h.sink.attempts == attempts, "nothing written"
+    assert h.fenced.checkpoint == {} and h.fenced.pending == pending
+
+
+def test_a_setting_changed_under_a_pending_block_is_named_and_nothing_written(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    _topic, h = one_partition(tmp_path, 30, bad=[7])
+    pending = killed_between_tasks(h, leaders, tasks=1)
+    h.config = pipeline_config(on_error="skip")
+    attempts = h.sink.attempts
+    second = start(h, leaders)
+    wait_for(lambda: second.status.state is PipelineState.FAILED, "the pipeline to stop")
+    assert (
+        f"block {pending.block_id} was planned under other pipeline settings "
+        "(on_error: recorded 'dead_letter', now 'skip')"
+    ) in (second.status.error or "")
+    assert h.sink.attempts == attempts and h.fenced.pending == pending
+
+
+def test_an_intent_without_a_plan_is_flushed_the_way_its_writer_did(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # A pending block left by a version before plans: tokens <pipeline>:<block>:<i>.
+    _topic, h = one_partition(tmp_path, 30)
+    pending = killed_between_tasks(h, leaders, tasks=1)
+    h.fenced.pending = PendingIntent(pending.block_id, pending.ranges, pending.epoch)
+    h.sink.rows.clear()
+    start(h, leaders)
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the re-flush's checkpoint")
+    assert list(h.sink.rows) == [f"{pending.block_id}:0"]
+    assert h.sink.offsets() == [(0, o) for o in range(30)]

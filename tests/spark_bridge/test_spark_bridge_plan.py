@@ -1,0 +1,72 @@
+"""`spark_bridge.plan`: tasks named by the offsets they hold, and a re-flush cut along them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from spark_bridge.plan import PlanError, Span, cut, offsets_digest, plan_tasks
+
+
+def rows(pairs: list[tuple[int, int]]) -> pa.Table:
+    """A sorted table of (`_partition`, `_offset`) rows."""
+    return pa.table(
+        {
+            "_partition": pa.array([p for p, _ in pairs], pa.int32()),
+            "_offset": pa.array([o for _, o in pairs], pa.int64()),
+        }
+    )
+
+
+def test_tasks_split_the_block_offsets_so_every_offset_is_in_exactly_one() -> None:
+    # Partition 0 holds offsets 0..9 with rows at 1..8 (0 and 9: dead letters or markers),
+    # partition 1 holds 20..24, all rows.
+    table = rows([(0, o) for o in range(1, 9)] + [(1, o) for o in range(20, 25)])
+    tasks = plan_tasks(table, {0: (0, 10), 1: (20, 25)}, rows_per_task=5)
+    assert [t.spans for t in tasks] == [
+        (Span(0, 0, 6),),  # rows 1..5 and the dead offset 0 before them
+        (Span(0, 6, 10), Span(1, 20, 22)),
+        (Span(1, 22, 25),),
+    ]
+    assert cut(table, tasks, "b") == [(0, 5), (5, 5), (10, 3)]
+    spans = [s for t in tasks for s in t.spans]
+    covered = sorted((s.partition, o) for s in spans for o in range(s.first, s.end))
+    assert covered == [(0, o) for o in range(10)] + [(1, o) for o in range(20, 25)]
+
+
+def test_a_cut_at_a_partition_start_begins_the_next_task_there() -> None:
+    table = rows([(0, 0), (0, 1), (1, 5), (1, 6)])
+    tasks = plan_tasks(table, {0: (0, 2), 1: (5, 7)}, rows_per_task=2)
+    assert [t.spans for t in tasks] == [(Span(0, 0, 2),), (Span(1, 5, 7),)]
+
+
+def test_keys_name_the_offsets_not_the_slicing() -> None:
+    table = rows([(0, o) for o in range(12)])
+    by_four = plan_tasks(table, {0: (0, 12)}, 4)
+    by_six = plan_tasks(table, {0: (0, 12)}, 6)
+    assert len({t.key for t in by_four}) == 3
+    assert {t.key for t in by_four}.isdisjoint({t.key for t in by_six})
+    assert [t.key for t in plan_tasks(table, {0: (0, 12)}, 4)] == [t.key for t in by_four]
+
+
+def test_rows_outside_the_recorded_tasks_are_refused_with_their_offsets() -> None:
+    table = rows([(0, o) for o in range(6)])
+    tasks = plan_tasks(table, {0: (0, 6)}, 3)
+    more = rows([(0, o) for o in range(7)])
+    with pytest.raises(PlanError, match=r"block b: rows at \(partition, offset\) \[\(0, 6\)\]"):
+        cut(more, tasks, "block b")
+    other_partition = rows([(0, o) for o in range(6)] + [(3, 0)])
+    with pytest.raises(PlanError, match=r"\[\(3, 0\)\] lie outside"):
+        cut(other_partition, tasks, "block b")
+    with pytest.raises(PlanError, match="outside the block's offsets"):
+        plan_tasks(more, {0: (0, 6)}, 3)
+    # Fewer rows still cut (the counts and digests are the caller's check).
+    fewer = rows([(0, o) for o in range(6) if o != 2])
+    assert cut(fewer, tasks, "b") == [(0, 2), (2, 3)]
+    assert offsets_digest(fewer.slice(0, 2)) != offsets_digest(table.slice(0, 3))
+
+
+def test_a_block_without_rows_is_one_task_over_its_offsets() -> None:
+    tasks = plan_tasks(rows([]), {0: (3, 5), 2: (0, 1)}, 10)
+    assert [t.spans for t in tasks] == [(Span(0, 3, 5), Span(2, 0, 1))]
+    assert cut(rows([]), tasks, "b") == [(0, 0)]
