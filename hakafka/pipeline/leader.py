@@ -56,7 +56,7 @@ from hakafka.pipeline.replay import (
     select_rows,
 )
 from hakafka.pipeline.state import PipelineState, PipelineStatus, PipelineStopped, Signals
-from hakafka.pipeline.walcodec import WalBatch, decode
+from hakafka.pipeline.walcodec import SchemaChangeError, SchemaConverter, WalBatch
 from hakafka.settings import thresholds_of
 
 log = structlog.get_logger("hakafka.pipeline")
@@ -108,6 +108,7 @@ class PipelineLeader:
             log=self._log,
         )
         self._consume = ConsumeLane(lane, decoder)
+        self._schemas = SchemaConverter(config.name, decoder.schema)
         self._flush = FlushLane(lane, thresholds_of(config), parts, decoder, rows_per_task)
         self._wal: Wal | None = None
         self._registered: list[str] = []
@@ -226,7 +227,7 @@ class PipelineLeader:
         except Exception as exc:
             status = self.status
             status.error = f"{type(exc).__name__}: {exc}"
-            status.restartable = not isinstance(exc, DecodeError)
+            status.restartable = not isinstance(exc, (DecodeError, SchemaChangeError))
             status.enter(
                 PipelineState.FAILED, self._log, error=status.error, restartable=status.restartable
             )
@@ -301,7 +302,7 @@ class PipelineLeader:
             for record, ranges in zip(wal.replay(), held, strict=False):
                 self._signals.check_stop(why)
                 if any(p in wanted and overlap(r, wanted[p]) for p, r in ranges.items()):
-                    yield decode(record)
+                    yield self._schemas.decode(record)
 
         rows, dead = pending_rows(overlapping(), topic, wanted, self.buffer.rows.schema)
         return make_block(block_id, {(topic, p): rng for p, rng in wanted.items()}, rows, dead)
@@ -319,7 +320,7 @@ class PipelineLeader:
             keep = cursor.accept(ranges)
             if not keep:
                 continue
-            batch = decode(record)
+            batch = self._schemas.decode(record)
             rows = select_rows(batch.rows, keep)
             dead = select_rows(batch.dead_letters, keep) if batch.dead_letters is not None else None
             self._consume.append(rows, dead, {(topic, p): rng for p, rng in keep.items()})
