@@ -4,6 +4,7 @@ with a fencing epoch, fenced checkpoints and flush intents, and ops failover.
 The daemon uses the `Coordinator` facade; everything else here is its parts.
 """
 
+from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.coordinator import Coordinator
 from hakafka.coordination.election import (
     BecameLeader,
@@ -24,11 +25,13 @@ from hakafka.coordination.errors import (
 from hakafka.coordination.fenced import FencedState
 from hakafka.coordination.records import (
     Checkpoint,
+    ClusterSettings,
     FailoverRequest,
     LeaderInfo,
     NodeInfo,
     OffsetRanges,
     PendingIntent,
+    PipelineSettings,
     ReplacingInfo,
     TaskRecord,
 )
@@ -37,6 +40,7 @@ from hakafka.coordination.session import ZkConfig
 __all__ = [
     "BecameLeader",
     "Checkpoint",
+    "ClusterSettings",
     "CoordinationError",
     "Coordinator",
     "FailoverRefused",
@@ -52,8 +56,10 @@ __all__ = [
     "NodeInfo",
     "OffsetRanges",
     "PendingIntent",
+    "PipelineSettings",
     "ReplacingInfo",
     "Resumed",
+    "SettingsStore",
     "Suspended",
     "TaskRecord",
     "ZkConfig",

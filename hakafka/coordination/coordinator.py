@@ -20,12 +20,14 @@ from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError
 
 from hakafka.coordination import failover, paths
+from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.election import Leadership, LeadershipEvent
 from hakafka.coordination.executor import SerialExecutor
 from hakafka.coordination.records import (
     FailoverRequest,
     LeaderInfo,
     NodeInfo,
+    PendingIntent,
     ReplacingInfo,
     encode_epoch,
 )
@@ -46,6 +48,8 @@ class Coordinator:
         self.endpoints = endpoints
         self._session = ZkSession(config)
         self._registry = Registry(self._session)
+        self.settings = SettingsStore(self._session)
+        """The recorded shard-wide settings (`/settings`)."""
         self._worker = SerialExecutor(f"hakafka-zk-{node_id}")
         self._notifier = SerialExecutor(f"hakafka-zk-events-{node_id}")
         self._shards: dict[int, Leadership] = {}
@@ -196,6 +200,12 @@ class Coordinator:
         """The current leader of `shard`, or None while there is none."""
         got = self._session.get(paths.leader(shard))
         return None if got is None else LeaderInfo.decode(paths.leader(shard), got[0])
+
+    def pending_intent(self, shard: int, pipeline: str) -> PendingIntent | None:
+        """The flush intent of `pipeline` in `shard` (a block in doubt), or None."""
+        path = paths.pending(shard, pipeline)
+        got = self._session.get(path)
+        return None if got is None else PendingIntent.decode(path, got[0])
 
     def request_failover(
         self,

@@ -10,6 +10,7 @@ import re
 NODES = "/nodes"
 REPLACING = "/replacing"
 SHARDS = "/shards"
+SETTINGS = "/settings"  # the shard-wide settings every node must share
 CANDIDATE_PREFIX = "n_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")

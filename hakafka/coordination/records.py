@@ -249,3 +249,112 @@ def decode_epoch(path: str, raw: bytes) -> int:
         return int(raw.decode("ascii") or "0")
     except (UnicodeDecodeError, ValueError):
         raise CorruptZnodeError(f"znode {path}: epoch is not an integer ({raw[:40]!r})") from None
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The settings of one pipeline that every node must share: what it reads, how it decodes
+    and what rows it writes where. `columns` are (name, ClickHouse type) pairs in config order;
+    `partitions` holds the explicit partition lists per shard ({} = `partition % shard_count`)."""
+
+    topic: str
+    table: str
+    columns: tuple[tuple[str, str], ...]
+    meta_columns: tuple[str, ...]
+    format: str
+    on_error: str
+    max_message_bytes: int
+    transform: str
+    partitions: dict[int, tuple[int, ...]]
+
+    def encoded(self) -> dict[str, Any]:
+        value = asdict(self)
+        value["columns"] = [list(c) for c in self.columns]
+        value["partitions"] = {str(s): list(p) for s, p in self.partitions.items()}
+        return value
+
+    @classmethod
+    def decoded(cls, path: str, name: str, v: dict[str, Any]) -> PipelineSettings:
+        where = f"{path} pipeline {name!r}"
+        columns = _field(where, v, "columns", list)
+        partitions = _field(where, v, "partitions", dict)
+        meta = _field(where, v, "meta_columns", list)
+        if not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
+            for c in columns
+        ):
+            raise CorruptZnodeError(f"znode {where}: 'columns' must be [name, type] pairs")
+        if not all(isinstance(m, str) for m in meta):
+            raise CorruptZnodeError(f"znode {where}: 'meta_columns' must be names")
+        if not all(
+            s.isdigit() and isinstance(p, list) and all(type(x) is int for x in p)
+            for s, p in partitions.items()
+        ):
+            raise CorruptZnodeError(f"znode {where}: 'partitions' must map shards to partitions")
+        return cls(
+            topic=_field(where, v, "topic", str),
+            table=_field(where, v, "table", str),
+            columns=tuple((c[0], c[1]) for c in columns),
+            meta_columns=tuple(meta),
+            format=_field(where, v, "format", str),
+            on_error=_field(where, v, "on_error", str),
+            max_message_bytes=_field(where, v, "max_message_bytes", int),
+            transform=_field(where, v, "transform", str),
+            partitions={int(s): tuple(p) for s, p in partitions.items()},
+        )
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The shard-wide settings of the cluster (`/settings`): every node standing for election
+    must agree with them (see `hakafka/drift.py`).
+
+    `endpoints` is the union of the ClickHouse endpoints (`host:port`) per shard that the nodes
+    know from their configs: each node adds its own before it stands, so a MergeTree shard
+    with several servers is seen across the cluster, not only within one node's config.
+    """
+
+    shard_count: int
+    engine: str
+    endpoints: dict[int, tuple[str, ...]]
+    pipelines: dict[str, PipelineSettings]
+
+    def with_endpoints(self, endpoints: dict[int, tuple[str, ...]]) -> ClusterSettings:
+        """These settings with `endpoints` added to the recorded ones (sorted, distinct)."""
+        merged = {
+            shard: tuple(sorted({*self.endpoints.get(shard, ()), *endpoints.get(shard, ())}))
+            for shard in sorted({*self.endpoints, *endpoints})
+        }
+        return ClusterSettings(self.shard_count, self.engine, merged, self.pipelines)
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "shard_count": self.shard_count,
+                "engine": self.engine,
+                "endpoints": {str(s): list(e) for s, e in self.endpoints.items()},
+                "pipelines": {name: p.encoded() for name, p in self.pipelines.items()},
+            }
+        )
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> ClusterSettings:
+        v = _load(path, raw)
+        endpoints = _field(path, v, "endpoints", dict)
+        if not all(
+            s.isdigit() and isinstance(e, list) and all(isinstance(x, str) for x in e)
+            for s, e in endpoints.items()
+        ):
+            raise CorruptZnodeError(f"znode {path}: 'endpoints' must map shards to host:port lists")
+        pipelines = _field(path, v, "pipelines", dict)
+        for name, p in pipelines.items():
+            if not isinstance(p, dict):
+                raise CorruptZnodeError(f"znode {path}: pipeline {name!r} is not an object")
+        return cls(
+            shard_count=_field(path, v, "shard_count", int),
+            engine=_field(path, v, "engine", str),
+            endpoints={int(s): tuple(e) for s, e in endpoints.items()},
+            pipelines={
+                name: PipelineSettings.decoded(path, name, p) for name, p in pipelines.items()
+            },
+        )
