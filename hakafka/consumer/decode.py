@@ -54,7 +54,8 @@ _LOG_SAMPLE = 5
 # Arrow parses in blocks; 4 MiB measured fastest for ~200-byte JSON records.
 _BLOCK_SIZE = 4 << 20
 _ROW_HINT = re.compile(r" in row (\d+)$")
-_NEWLINE, _BRACE = ord("\n"), ord("{")
+_NEWLINE, _BRACE, _QUOTE, _CR = ord("\n"), ord("{"), ord('"'), ord("\r")
+_LINE_BREAKS = re.compile(rb"[\r\n]*+")
 
 log = structlog.get_logger("hakafka.consumer.decode")
 
@@ -114,8 +115,12 @@ class DecodeOptions:
             ) from None
         if self.max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes}")
-        if len(self.csv_delimiter) != 1:
-            raise ValueError(f"csv_delimiter must be one character, got {self.csv_delimiter!r}")
+        delimiter = self.csv_delimiter
+        if len(delimiter) != 1 or not delimiter.isascii() or delimiter in '"\r\n':
+            raise ValueError(
+                "csv_delimiter must be one ASCII character other than a quote or a line "
+                f"break, got {delimiter!r}"
+            )
 
 
 class _ChunkError(ValueError):
@@ -470,12 +475,6 @@ def _json_problem(value: bytes) -> str | None:
     return None
 
 
-def _csv_problem(value: bytes) -> str | None:
-    if not value.strip(b"\r\n"):
-        return "message holds only line breaks, expected a CSV record"
-    return None
-
-
 def _one_line(value: bytes) -> bytes:
     """A JSON value with its raw newlines (whitespace between tokens) turned into spaces; an
     invalid value is left as it is, for the parse to reject with Arrow's error text."""
@@ -523,6 +522,8 @@ class CsvDecoder(_ArrowDecoder):
     """One CSV record per message, fields in declared-column order, no header.
 
     Quoted fields may hold newlines. An empty unquoted field of a non-String column is null.
+    A message is exactly one record (line breaks around it are ignored), else a bad message:
+    two records, or a quote left open (which Arrow would read on into the next messages).
     """
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
@@ -543,16 +544,51 @@ class CsvDecoder(_ArrowDecoder):
         self._convert = pcsv.ConvertOptions(
             column_types={f.name: f.type for f in self._text}, quoted_strings_can_be_null=False
         )
+        self._record, self._one_record = _csv_record_patterns(self.options.csv_delimiter)
 
     def _prepare(
         self, idx: list[int], values: list[bytes], joined: bytes, bad: dict[int, str]
     ) -> tuple[list[int], list[bytes], bytes]:
-        """Move messages of line breaks only to `bad`: Arrow skips them as empty lines, and
-        with a two-record message beside one, every later row would land on the wrong
-        offset. Without them, rows == messages means one row each."""
-        if joined.count(b"\n") == len(values) - 1 and b"\r" not in joined:
-            return idx, values, joined  # no value holds a line break
-        return _screen(idx, values, bad, _csv_problem)
+        """Keep only messages that are exactly one record each, so that each message's row
+        comes from its own bytes: a quote left open would swallow the next messages, and
+        an empty line (no row) or two records would shift later rows onto wrong offsets.
+
+        Only messages holding a quote or a line break can be anything but one record: a
+        batch without any costs three byte scans; otherwise numpy picks the messages that
+        need the exact (regex) check.
+        """
+        if b'"' not in joined and b"\r" not in joined and joined.count(b"\n") == len(values) - 1:
+            return idx, values, joined
+        problems = {
+            int(pos): found
+            for pos in _csv_suspects(values, joined, ord(self.options.csv_delimiter))
+            if (found := self._record_problem(values[pos])) is not None
+        }
+        if not problems:
+            return idx, values, joined
+        for pos, found in problems.items():
+            bad[idx[pos]] = found
+        keep = [pos for pos in range(len(values)) if pos not in problems]
+        values = [values[pos] for pos in keep]
+        return [idx[pos] for pos in keep], values, b"\n".join(values)
+
+    def _record_problem(self, value: bytes) -> str | None:
+        """None if `value` is one CSV record as Arrow reads it, else what it is instead."""
+        if self._one_record.fullmatch(value):
+            return None
+        records, pos, end = 0, 0, len(value)
+        while True:  # both patterns match the empty string
+            pos = _LINE_BREAKS.match(value, pos).end()  # type: ignore[union-attr]
+            if pos == end:
+                break
+            records += 1
+            pos = self._record.match(value, pos).end()  # type: ignore[union-attr]
+            # A record ends at a line break, or where a field's opening quote never closes.
+            if pos < end and value[pos] not in b"\r\n":
+                return f"unclosed quote opened at byte {pos}, expected one CSV record"
+        if not records:
+            return "message holds only line breaks, expected a CSV record"
+        return f"message holds {records} records, expected exactly one"
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         del values
@@ -562,6 +598,46 @@ class CsvDecoder(_ArrowDecoder):
             parse_options=self._parse_options,
             convert_options=self._convert,
         )
+
+
+def _csv_record_patterns(delimiter: str) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """Arrow's CSV grammar (quote `"`, doubled to escape, no escape character): one record
+    (it matches anywhere, stopping at a line break or at a quote that never closes), and a
+    whole message of exactly one non-empty record between optional line breaks."""
+    sep = re.escape(delimiter.encode())
+    # Up to the delimiter or a line break, a quote is plain text unless it opens the field;
+    # a quoted field closes at a quote not doubled, and what follows it is plain text.
+    text = rb"[^%s\r\n]*+" % sep
+    field = rb'(?:"(?:[^"]++|"")*+"%s|[^"%s\r\n]%s)?+' % (text, sep, text)
+    record = rb"%s(?:%s%s)*+" % (field, sep, field)
+    return re.compile(record), re.compile(rb"[\r\n]*+(?=[^\r\n])%s[\r\n]*+" % record)
+
+
+def _csv_suspects(values: list[bytes], joined: bytes, delimiter: int) -> np.ndarray:
+    """Positions in `values` (joined with newlines in `joined`) of the messages that may not
+    be exactly one CSV record; every other one surely is.
+
+    Sure: no line break, and quotes only in RFC 4180 form, which Arrow reads as one record
+    closed at the message's end: an even number of quotes, each opening one (1st, 3rd, ...)
+    after a delimiter, the message start or a quote, each closing one before a delimiter,
+    the message end or a quote (`""` inside a quoted field is one closing and one opening).
+    """
+    data = np.frombuffer(b"\n" + joined + b"\n", np.uint8)  # every message between newlines
+    ends = np.cumsum(np.fromiter(map(len, values), np.int64, len(values)) + 1)
+    suspect = np.zeros(len(values), dtype=bool)
+    newlines = data == _NEWLINE
+    newlines[0] = newlines[ends] = False  # those around the messages
+    breaks = np.flatnonzero(newlines | (data == _CR))
+    suspect[np.searchsorted(ends, breaks)] = True
+    quotes = np.flatnonzero(data == _QUOTE)
+    owner = np.searchsorted(ends, quotes)
+    counts = np.bincount(owner, minlength=len(values))
+    nth = np.arange(len(quotes)) - (np.cumsum(counts) - counts)[owner]  # within its message
+    beside = data[quotes - 1 + 2 * (nth & 1)]  # before an opening, after a closing
+    loose = (beside != delimiter) & (beside != _NEWLINE) & (beside != _QUOTE)
+    suspect[owner[loose]] = True
+    suspect[counts % 2 == 1] = True
+    return np.flatnonzero(suspect)
 
 
 def make_decoder(

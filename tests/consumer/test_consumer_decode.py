@@ -292,3 +292,141 @@ def test_a_json_null_message_is_a_dead_letter_not_a_row_or_a_crash(first: bool) 
     assert sorted(dead) == sorted([*null_offsets, 100 + values.index(b"nope")])
     for offset in null_offsets:
         assert dead[offset] == "JSON value is null, expected an object"
+
+
+CSV_PAIR = PipelineSchema.of([("id", "UInt32"), ("name", "String")])
+
+
+def csv_rows(decoded_rows: pa.RecordBatch) -> list[tuple[int, str, int]]:
+    return list(
+        zip(
+            decoded_rows["id"].to_pylist(),
+            decoded_rows["name"].to_pylist(),
+            decoded_rows["_offset"].to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def test_csv_unclosed_quote_never_swallows_the_next_message() -> None:
+    # Arrow reads `1,"abc` on into the next message up to its quote: one record of two
+    # messages; the two-record message after them made the row count match, so rows moved
+    # onto the wrong offsets.
+    values = [b'1,"abc', b'2,x"', b"3,y\n4,z", b"5,w"]
+    decoded = make_decoder(Format.CSV, CSV_PAIR).decode_columns(columns(values))
+    assert csv_rows(decoded.rows) == [(2, 'x"', 101), (5, "w", 103)]
+    assert dead_by_offset(decoded.dead_letters) == {
+        100: "unclosed quote opened at byte 2, expected one CSV record",
+        102: "message holds 2 records, expected exactly one",
+    }
+
+
+def test_csv_message_is_one_record_or_a_dead_letter_naming_why() -> None:
+    values: list[bytes | None] = [
+        b'1,"multi\nline"',  # a quoted line break is part of the field
+        b'2,"crlf\r\ninside"',
+        b"3,trailing lf\n",
+        b"4,trailing crlf\r\n",
+        b'5,"say ""hi"""',  # doubled quotes inside a quoted field
+        b'6,ab"c',  # a quote inside an unquoted field is a plain character
+        b'7,"closed"then"more',  # after the closing quote the field goes on unquoted
+        b"8,a\n9,b",
+        b"8,a\r9,b",  # a bare CR ends a record too
+        b"8,a\r\n9,b",
+        b"8,a\n\n9,b",
+        b'8,"a""',  # the last quote is escaped: still open
+        b'8,"a\n9,b',
+        b"",
+        b"\r\n",
+        b"10,last",
+    ]
+    decoded = make_decoder(Format.CSV, CSV_PAIR).decode_columns(columns(values))
+    assert csv_rows(decoded.rows) == [
+        (1, "multi\nline", 100),
+        (2, "crlf\r\ninside", 101),
+        (3, "trailing lf", 102),
+        (4, "trailing crlf", 103),
+        (5, 'say "hi"', 104),
+        (6, 'ab"c', 105),
+        (7, 'closedthen"more', 106),
+        (10, "last", 115),
+    ]
+    two = "message holds 2 records, expected exactly one"
+    assert dead_by_offset(decoded.dead_letters) == {
+        107: two,
+        108: two,
+        109: two,
+        110: two,
+        111: "unclosed quote opened at byte 2, expected one CSV record",
+        112: "unclosed quote opened at byte 2, expected one CSV record",
+        113: "empty message (null or zero-length value)",
+        114: "message holds only line breaks, expected a CSV record",
+    }
+
+
+TRICKY_CSV = [
+    b"1,plain",
+    b'2,"quoted, with comma"',
+    b'3,"open',
+    b"4,x\n5,y",
+    b'6,"nl\ninside"',
+    b'7,"a""',
+    b'8,mid"quote',
+    b"9,cr\r",
+    b'"10",x',
+    b'11,"x\n12,"y"',  # one record: the quote closes before y
+    b"\n13,leading lf",
+    b"14,a\n ",
+]
+
+
+@pytest.mark.parametrize("shift", range(len(TRICKY_CSV)))
+def test_csv_each_message_decodes_in_a_batch_as_it_does_alone(shift: int) -> None:
+    values = TRICKY_CSV[shift:] + TRICKY_CSV[:shift]
+    decoder = make_decoder(Format.CSV, CSV_PAIR)
+    decoded = decoder.decode_columns(columns(values))
+    rows = {offset: (ident, name) for ident, name, offset in csv_rows(decoded.rows)}
+    dead = dead_by_offset(decoded.dead_letters)
+    for offset, value in enumerate(values, start=100):
+        alone = decoder.decode_columns(columns([value], first=offset))
+        if alone.good:
+            assert rows[offset] == tuple(alone.rows.to_pylist()[0][k] for k in ("id", "name"))
+            assert offset not in dead
+        else:
+            assert dead[offset] == dead_by_offset(alone.dead_letters)[offset]
+            assert offset not in rows
+    assert (decoded.good, decoded.bad) == (8, 4)
+
+
+def test_csv_one_unclosed_quote_among_ten_thousand_is_isolated() -> None:
+    values: list[bytes | None] = [b"%d,n%d" % (i, i) for i in range(10_000)]
+    for i in (0, 4_321, 9_999):
+        values[i] = b'%d,"q%d"' % (i, i)
+    values[6_789] = b'6789,"open'
+    decoded = make_decoder(Format.CSV, CSV_PAIR).decode_columns(columns(values, first=0))
+    assert decoded.rows["_offset"].to_pylist() == [i for i in range(10_000) if i != 6_789]
+    assert decoded.rows["name"].to_pylist()[4_321] == "q4321"
+    assert dead_by_offset(decoded.dead_letters) == {
+        6_789: "unclosed quote opened at byte 5, expected one CSV record"
+    }
+
+
+def test_csv_record_rule_follows_the_configured_delimiter() -> None:
+    decoder = make_decoder(Format.CSV, CSV_PAIR, DecodeOptions(csv_delimiter=";"))
+    decoded = decoder.decode_columns(columns([b'1;"a;b"', b'2;"open', b"3;c,d"]))
+    assert csv_rows(decoded.rows) == [(1, "a;b", 100), (3, "c,d", 102)]
+    assert dead_by_offset(decoded.dead_letters) == {
+        101: "unclosed quote opened at byte 2, expected one CSV record"
+    }
+
+
+def test_csv_fail_policy_names_the_offset_of_an_unclosed_quote() -> None:
+    decoder = make_decoder(Format.CSV, CSV_PAIR, DecodeOptions(on_error=OnError.FAIL))
+    with pytest.raises(DecodeError, match=r"events\[0\] offset 101: unclosed quote opened"):
+        decoder.decode_columns(columns([b"1,a", b'2,"b', b"3,c"]))
+
+
+@pytest.mark.parametrize("delimiter", ['"', "\n", "\r", ";;", "\u00a7"])
+def test_csv_delimiter_is_one_ascii_character_not_a_quote_or_a_line_break(delimiter: str) -> None:
+    with pytest.raises(ValueError, match="csv_delimiter must be one ASCII character other than"):
+        DecodeOptions(csv_delimiter=delimiter)
