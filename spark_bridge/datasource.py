@@ -3,7 +3,8 @@
 Options (all strings): ``hosts`` (comma list of ``host:port``; the first reachable one is
 used), ``database``, ``table``, ``user``, ``password``, ``secure``, ``verify``, ``ca_cert``;
 writer: ``token_prefix`` (each task inserts once with ``insert_deduplication_token =
-<token_prefix>:<task index>``; without it inserts are not deduplicated); reader: ``columns``
+<token_prefix>:<task index>``; without it ClickHouse deduplicates by the block's content
+hash; every insert runs with `DEDUP_INSERT_SETTINGS`); reader: ``columns``
 (comma list), ``where`` (a ClickHouse boolean expression), ``partition_by`` (an integer key
 to split into ``partitions`` ranges; without it one Spark partition per ClickHouse
 partition). Spark filters that map to ClickHouse (comparisons, IN, IS [NOT] NULL, NOT,
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,17 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 SOURCE_NAME = "clickhouse"
+# Sent with every insert, over whatever the user's profile or the server sets: a block is
+# deduplicated (`insert_deduplicate`; from ClickHouse 26 `deduplicate_insert` overrides it)
+# and written by the INSERT itself, not buffered and merged with other clients' rows into
+# other blocks (`async_insert`).
+DEDUP_INSERT_SETTINGS: Mapping[str, int | str] = {
+    "insert_deduplicate": 1,
+    "deduplicate_insert": "enable",
+    "async_insert": 0,
+}
+# Pinned only where the server has them: an older server refuses an unknown setting.
+_NEWER_SETTINGS = frozenset({"deduplicate_insert"})
 # Arrow output the way Spark reads it: strings as strings, no dictionaries.
 _READ_SETTINGS = {
     "output_format_arrow_string_as_string": 1,
@@ -165,6 +177,19 @@ class TaskInserted(WriterCommitMessage):
     token: str | None
 
 
+def insert_settings(server_settings: Container[str], token: str | None) -> dict[str, int | str]:
+    """The settings of one insert: `DEDUP_INSERT_SETTINGS` (the newer ones only if they are in
+    `server_settings`, the names the server has) and the deduplication token, if any."""
+    settings = {
+        name: value
+        for name, value in DEDUP_INSERT_SETTINGS.items()
+        if name not in _NEWER_SETTINGS or name in server_settings
+    }
+    if token:
+        settings["insert_deduplication_token"] = token
+    return settings
+
+
 def insert_task(
     options: ClickHouseOptions, task: int, batches: Iterable[pa.RecordBatch]
 ) -> TaskInserted:
@@ -174,8 +199,8 @@ def insert_task(
         return TaskInserted(task, 0, options.token(task))
     data = pa.Table.from_batches(batch_list)
     token = options.token(task)
-    settings = {"insert_deduplication_token": token} if token else None
     client = options.client()
+    settings = insert_settings(client.server_settings, token)
     try:
         client.insert_arrow(options.table, data, database=options.database, settings=settings)
     finally:

@@ -1,4 +1,21 @@
-"""Target and dead-letter tables: DDL from a `TableSpec`, creation if missing, schema checks."""
+"""Target and dead-letter tables: DDL from a `TableSpec`, creation if missing, schema checks,
+and the checks that an existing table deduplicates retried inserts (`UnsafeTableError`).
+
+Exactly-once rests on ClickHouse dropping an insert block whose `insert_deduplication_token`
+it has seen among the last N blocks of the table. An existing table is accepted when:
+
+- its engine is of the MergeTree family (``MergeTree``, ``ReplacingMergeTree``,
+  ``SummingMergeTree``, ... and their ``Replicated``/``Shared`` forms): insert deduplication
+  belongs to the MergeTree storage, whatever the engine later merges; any other engine
+  (``Log``, ``Distributed``, a view, ...) deduplicates nothing;
+- it is replicated exactly when the spec's `Engine` is (a non-replicated table keeps its
+  token log on one server, so a re-flush to another replica of the shard inserts again);
+- its window (``non_replicated_deduplication_window``, or ``replicated_deduplication_window``
+  for a replicated engine), as set on the table or else the server's default, is at least the
+  spec's `dedup_window`. A smaller window is refused too, not only 0: the spec's window is the
+  number of blocks that may pass between an attempt and its re-flush, and the fix is one
+  online ``ALTER TABLE ... MODIFY SETTING``.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +31,13 @@ if TYPE_CHECKING:
 class Engine(StrEnum):
     MERGE_TREE = "MergeTree"
     REPLICATED_MERGE_TREE = "ReplicatedMergeTree"
+
+    @property
+    def window_setting(self) -> str:
+        """The table setting holding how many recent insert blocks this engine deduplicates."""
+        if self is Engine.REPLICATED_MERGE_TREE:
+            return "replicated_deduplication_window"
+        return "non_replicated_deduplication_window"
 
 
 DEFAULT_DEDUP_WINDOW = 10_000
@@ -63,10 +87,8 @@ class TableSpec:
         columns = ",\n  ".join(f"{quote_identifier(n)} {t}" for n, t in self.columns)
         if self.engine is Engine.REPLICATED_MERGE_TREE:
             engine = f"ReplicatedMergeTree('{self.zookeeper_path}', '{self.replica_name}')"
-            window = "replicated_deduplication_window"
         else:
             engine = "MergeTree"
-            window = "non_replicated_deduplication_window"
         parts = [f"CREATE TABLE IF NOT EXISTS {self.qualified_name} (\n  {columns}\n)"]
         parts.append(f"ENGINE = {engine}")
         if self.partition_by:
@@ -74,7 +96,7 @@ class TableSpec:
         parts.append(f"ORDER BY {self.order_by}")
         if self.ttl:
             parts.append(f"TTL {self.ttl}")
-        parts.append(f"SETTINGS {window} = {self.dedup_window}")
+        parts.append(f"SETTINGS {self.engine.window_setting} = {self.dedup_window}")
         return "\n".join(parts)
 
 
@@ -143,10 +165,148 @@ def compare_columns(spec: TableSpec, actual: list[tuple[str, str]]) -> SchemaMis
     return None
 
 
-def ensure_table(client: Client, spec: TableSpec) -> bool:
-    """Create the table if missing (True) or check an existing one's columns (False).
+class UnsafeTableError(Exception):
+    """An existing table would not drop a re-flushed insert block; the message names the table,
+    each problem and its fix."""
 
-    Raises `SchemaMismatchError` naming the missing, unexpected and retyped columns.
+    def __init__(self, table: str, problems: list[str]) -> None:
+        self.table = table
+        self.problems = problems
+        super().__init__(
+            f"table {table} would not deduplicate re-flushed inserts: " + "; ".join(problems)
+        )
+
+
+@dataclass(frozen=True)
+class TableDedup:
+    """How an existing table deduplicates inserts, as its server reports it."""
+
+    engine: str
+    """The engine's name (``system.tables.engine``), e.g. ``ReplacingMergeTree``."""
+    kind: Engine | None
+    """Whose deduplication log the engine keeps (one server's, or the replicas' shared one);
+    None: not a MergeTree engine, it keeps none."""
+    window: int = 0
+    window_on_table: bool = False
+    """True if the table sets its window; False: the server's default applies."""
+
+
+def dedup_kind(engine: str) -> Engine | None:
+    """The kind of deduplication log `engine` keeps, or None for an engine that keeps none.
+
+    Every MergeTree-family engine deduplicates insert blocks (what it merges later does not
+    matter); ``Replicated*`` and ClickHouse Cloud's ``Shared*`` ones keep the log in Keeper.
+    """
+    if not engine.endswith("MergeTree"):
+        return None
+    if engine.startswith(("Replicated", "Shared")):
+        return Engine.REPLICATED_MERGE_TREE
+    return Engine.MERGE_TREE
+
+
+# A quoted literal or identifier (skipped whole), or the SETTINGS keyword.
+_SETTINGS_KEYWORD = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\bSETTINGS\b", re.IGNORECASE)
+_SETTING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^,']*)")
+
+
+def engine_settings(engine_full: str) -> dict[str, str]:
+    """The ``name = value`` pairs of the SETTINGS clause that ends ``system.tables.engine_full``
+    (values as written; {} without a clause)."""
+    keywords = [
+        m.end() for m in _SETTINGS_KEYWORD.finditer(engine_full) if m.group(0)[0] not in "'`"
+    ]
+    if not keywords:
+        return {}
+    clause = engine_full[keywords[-1] :]
+    return {m.group(1): m.group(2).strip() for m in _SETTING.finditer(clause)}
+
+
+def table_dedup(client: Client, database: str, table: str) -> TableDedup | None:
+    """The table's engine and effective deduplication window, or None if it does not exist.
+
+    The window is the table's own setting (from ``engine_full``), else `default_window`.
+    """
+    rows = client.query(
+        "SELECT engine, engine_full FROM system.tables"
+        " WHERE database = {db:String} AND name = {t:String}",
+        parameters={"db": database, "t": table},
+    ).result_rows
+    if not rows:
+        return None
+    engine, engine_full = str(rows[0][0]), str(rows[0][1])
+    kind = dedup_kind(engine)
+    if kind is None:
+        return TableDedup(engine, None)
+    own = engine_settings(engine_full).get(kind.window_setting)
+    if own is not None:
+        return TableDedup(engine, kind, int(own), window_on_table=True)
+    return TableDedup(engine, kind, default_window(client, kind))
+
+
+def default_window(client: Client, kind: Engine) -> int:
+    """The server's deduplication window for a table of `kind` that does not set its own
+    (``system.merge_tree_settings``, or ``system.replicated_merge_tree_settings``, which adds
+    the server's overrides for replicated tables); 0 if the server lacks the setting."""
+    defaults = (
+        "system.replicated_merge_tree_settings"
+        if kind is Engine.REPLICATED_MERGE_TREE
+        else "system.merge_tree_settings"
+    )
+    rows = client.query(
+        f"SELECT value FROM {defaults} WHERE name = {{name:String}}",
+        parameters={"name": kind.window_setting},
+    ).result_rows
+    return int(rows[0][0]) if rows else 0
+
+
+def check_dedup(spec: TableSpec, dedup: TableDedup) -> UnsafeTableError | None:
+    """What keeps the existing table `dedup` from deduplicating `spec`'s re-flushes, each
+    problem with its fix; None if nothing does."""
+    table = spec.qualified_name
+    if dedup.kind is None:
+        return UnsafeTableError(
+            f"{spec.database}.{spec.table}",
+            [
+                f"engine {dedup.engine} does not deduplicate inserts (only MergeTree-family "
+                f"engines do); fix: rename or drop {table}, then hakafka creates it as "
+                f"{spec.engine} with {spec.engine.window_setting} = {spec.dedup_window}"
+            ],
+        )
+    problems = []
+    if dedup.kind is not spec.engine and spec.engine is Engine.REPLICATED_MERGE_TREE:
+        problems.append(
+            f"engine {dedup.engine} is not replicated but the configured engine is "
+            f"{spec.engine}: its deduplication log is on one server, so a re-flush to another "
+            f"replica inserts the rows again; fix: recreate it as a ReplicatedMergeTree, or "
+            f"configure engine = {Engine.MERGE_TREE} with one ClickHouse server per shard"
+        )
+    elif dedup.kind is not spec.engine:
+        problems.append(
+            f"engine {dedup.engine} is replicated but the configured engine is {spec.engine}; "
+            f"fix: configure engine = {Engine.REPLICATED_MERGE_TREE}"
+        )
+    if dedup.window < spec.dedup_window:
+        setting = dedup.kind.window_setting
+        source = "set on the table" if dedup.window_on_table else "the server's default"
+        effect = (
+            "deduplicates nothing"
+            if dedup.window == 0
+            else f"is below the configured dedup window {spec.dedup_window}, so a re-flush "
+            f"after that many other inserts may insert the rows again"
+        )
+        problems.append(
+            f"{setting} = {dedup.window} ({source}) {effect}; "
+            f"fix: ALTER TABLE {table} MODIFY SETTING {setting} = {spec.dedup_window}"
+        )
+    return UnsafeTableError(f"{spec.database}.{spec.table}", problems) if problems else None
+
+
+def ensure_table(client: Client, spec: TableSpec) -> bool:
+    """Create the table if missing (True) or check an existing one (False): its columns, its
+    engine and its deduplication window.
+
+    Raises `SchemaMismatchError` naming the missing, unexpected and retyped columns, and
+    `UnsafeTableError` naming what would keep a re-flush from being deduplicated, with the fix.
     """
     actual = table_columns(client, spec.database, spec.table)
     if actual is None:
@@ -155,4 +315,8 @@ def ensure_table(client: Client, spec: TableSpec) -> bool:
     mismatch = compare_columns(spec, actual)
     if mismatch is not None:
         raise mismatch
+    dedup = table_dedup(client, spec.database, spec.table)
+    unsafe = check_dedup(spec, dedup) if dedup is not None else None
+    if unsafe is not None:
+        raise unsafe
     return False
