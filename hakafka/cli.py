@@ -41,7 +41,15 @@ def _config_check(args: argparse.Namespace) -> int:
         f"{args.file}: ok (node {config.node}, shards {list(config.shards)} of "
         f"{config.shard_count}, pipelines {', '.join(p.name for p in config.pipelines)})"
     )
-    return EXIT_OK
+    if not args.cluster:
+        return EXIT_OK
+    from hakafka.ops.cluster import connect
+    from hakafka.ops.shardwide import cluster_check
+
+    with connect(config) as coordinator:
+        lines, agreed = cluster_check(coordinator, config)
+    print("\n".join(lines))
+    return EXIT_OK if agreed else EXIT_FAILURE
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -61,8 +69,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     from hakafka.ops.init import initialize
+    from hakafka.ops.shardwide import Recording
 
-    for line in initialize(load(args.config)):
+    how = Recording.AGREE
+    if args.update or args.replace:
+        how = Recording.UPDATE if args.update else Recording.REPLACE
+    for line in initialize(load(args.config), how):
         print(line)
     return EXIT_OK
 
@@ -281,12 +293,35 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate a config file; print every problem with its key"
     )
     check.add_argument("file", type=Path, nargs="?", default=DEFAULT_PATH)
+    check.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also compare the shard-wide settings with those recorded in ZooKeeper: print "
+        "each difference (key, recorded value, this config's value, compatible or not); "
+        "exit 1 if any",
+    )
     check.set_defaults(handler=_config_check)
 
     init = commands.add_parser(
-        "init", help="create the ZooKeeper paths and ClickHouse tables (idempotent)"
+        "init",
+        help="create the ZooKeeper paths and ClickHouse tables and record the shard-wide "
+        "settings (idempotent)",
     )
     _add_config(init)
+    recording = init.add_mutually_exclusive_group()
+    recording.add_argument(
+        "--update",
+        action="store_true",
+        help="record this config's shard-wide settings when every difference from the record "
+        "is compatible (a pipeline or a Nullable column added); running nodes with other "
+        "settings step down until restarted with this config",
+    )
+    recording.add_argument(
+        "--replace",
+        action="store_true",
+        help="record this config's shard-wide settings whatever differs; refused while any "
+        "node runs or a block is pending (the last step of a migration)",
+    )
     init.set_defaults(handler=_init)
     _add_ops_commands(commands)
 

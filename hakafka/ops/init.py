@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from hakafka.config import Config
 from hakafka.ops.cluster import connect
+from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
 from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
 from spark_bridge.tables import ensure_table
 
 
-def initialize(config: Config) -> list[str]:
+def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[str]:
     """Create what is missing for every shard of the cluster; return what was done."""
     done = []
     shards = range(config.shard_count)
     with connect(config) as coordinator:
         coordinator.init_paths(shards)
-    done.append(f"zookeeper: layout for shards {list(shards)} under {config.zookeeper.root}")
+        done.append(f"zookeeper: layout for shards {list(shards)} under {config.zookeeper.root}")
+        # Tables follow the settings: nothing is created for a config the cluster refuses.
+        done += record_settings(coordinator, config, settings)
     connection = connection_of(config)
     for pipeline in config.pipelines:
         specs = table_specs(config, pipeline, pipeline_schema(pipeline))
@@ -26,6 +29,7 @@ def initialize(config: Config) -> list[str]:
                 client = connection.client(replica.host, replica.port)
                 try:
                     for spec in specs:
+                        done += add_optional_columns(client, spec, pipeline)
                         ensure_table(client, spec)
                 finally:
                     client.close()
