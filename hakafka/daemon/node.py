@@ -2,7 +2,9 @@
 
 Start-up: validate the config (done by the caller), open the query services (Flight, and
 the admin HTTP endpoint with /health /ready /status /metrics /query), connect to ZooKeeper,
-register the node, stand in the election of every shard it serves, tell systemd READY=1.
+register the node, agree on the shard-wide settings (`SettingsGuard`: a node whose settings
+differ from the recorded ones stays up but stands nowhere), stand in the election of every
+shard it serves, tell systemd READY=1.
 Then the main loop pings the systemd watchdog while healthy and waits for signals.
 
 Shutdown (SIGTERM/SIGINT): stop consuming, let an in-flight flush finish within
@@ -35,6 +37,7 @@ from hakafka import __version__
 from hakafka.config import Config
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.daemon.report import node_status
+from hakafka.daemon.settings_guard import SettingsGuard
 from hakafka.daemon.shard import ShardRunner
 from hakafka.daemon.wiring import PipelineFactory
 from hakafka.faults import CrashPlan
@@ -149,6 +152,7 @@ class Daemon:
             )
             for shard in config.shards
         ]
+        self.guard = SettingsGuard(self.coordinator, config, self.runners)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -170,6 +174,7 @@ class Daemon:
             self.spark.start()
         for runner in self.runners:
             runner.start()
+        self.guard.start()
         log.info(
             "daemon.started",
             node=self.config.node,
@@ -194,6 +199,7 @@ class Daemon:
             if interval is not None and now >= next_ping and self.healthy():
                 self.notifier.watchdog()
                 next_ping = now + interval
+            self.guard.poll()
             self.notifier.status(self._status_line())
             self._update_pipeline_metrics()
 
@@ -256,6 +262,8 @@ class Daemon:
         return self.coordinator.connected and all(r.healthy() for r in self.runners)
 
     def _status_line(self) -> str:
+        if self.guard.drift:
+            return f"standing in no shard: {len(self.guard.drift)} settings differ from the record"
         roles = ", ".join(
             f"shard {r.shard}: {'leader' if r.leading else 'follower'}" for r in self.runners
         )
@@ -296,6 +304,7 @@ class Daemon:
             started_at=self.started_at,
             healthy=self.healthy(),
         )
+        status["settings_drift"] = [str(d) for d in self.guard.drift]
         return 200, "application/json", json.dumps(status, default=str).encode()
 
     def _metrics_route(self) -> tuple[int, str, bytes]:

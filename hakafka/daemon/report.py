@@ -61,6 +61,7 @@ def node_status(
             {
                 "shard": runner.shard,
                 "role": "leader" if runner.leading else "follower",
+                "standing": runner.standing,
                 "state": leadership.state.value if leadership is not None else "starting",
                 "epoch": leadership.epoch if leadership is not None else None,
                 "leading_since": runner.leading_since,

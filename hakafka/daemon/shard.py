@@ -11,6 +11,12 @@ must not wait for that):
 - FailoverRequested: pipelines stop, an in-flight flush may finish within the grace period,
   then the leadership is resigned.
 
+Whether the node stands at all is decided from outside (`stand`, `withdraw`: the daemon's
+`SettingsGuard` withdraws a node whose shard-wide settings differ from the recorded ones).
+A withdrawal stops the pipelines like a hand-over (a flush in flight may finish within the
+grace period) and leaves the election. The shard thread keeps the wanted candidacy and
+reconciles it on every supervision tick, so a join that failed (ZooKeeper away) is retried.
+
 A pipeline that fails while the term holds (the broker or ClickHouse away during recovery, a
 flush that cannot land) is restarted within the same term after a growing delay (1 s, 2 s,
 4 s, ... 30 s), as Flink's exponential-delay restart strategy does: a transient outage heals
@@ -63,6 +69,14 @@ def restart_delay(attempt: int) -> float:
     return float(min(largest, first * 2 ** min(attempt - 1, 16)))
 
 
+@dataclass(frozen=True)
+class _Candidacy:
+    """Whether this node should stand in the shard, and why not."""
+
+    stand: bool
+    reason: str = ""
+
+
 @dataclass
 class _Restarts:
     """Restart bookkeeping of one pipeline within one term."""
@@ -102,12 +116,22 @@ class ShardRunner:
         self.pipelines: list[PipelineLeader] = []
         self.leading_since: float | None = None
         self._restarts: dict[str, _Restarts] = {}
+        self._wanted = _Candidacy(stand=False, reason="not started")
+        self.standing = False
+        """True while this node is a candidate (or the leader) of the shard."""
         self._log = log.bind(shard=shard)
 
     def start(self) -> None:
-        """Stand for leadership; events are handled from now on."""
+        """Handle events from now on; the node stands once `stand()` is called."""
         self._thread.start()
-        self.leadership = self._coordinator.join(self.shard, on_change=self._events.put)
+
+    def stand(self) -> None:
+        """Stand for leadership (again); a no-op while standing."""
+        self._events.put(_Candidacy(stand=True))
+
+    def withdraw(self, reason: str) -> None:
+        """Stop the pipelines as for a hand-over and leave the election until `stand()`."""
+        self._events.put(_Candidacy(stand=False, reason=reason))
 
     def stop(self, grace: float) -> None:
         """Stop the pipelines (a flush may finish within `grace` s) and leave the election."""
@@ -140,13 +164,32 @@ class ShardRunner:
             if event is _STOP:
                 return
             try:
-                if event is None:
+                if isinstance(event, _Candidacy):
+                    self._wanted = event
+                    self._reconcile_candidacy()
+                elif event is None:
+                    self._reconcile_candidacy()
                     self._supervise(time.monotonic())
                 else:
                     self._handle(event)
             except Exception as exc:
                 kind = type(event).__name__ if event is not None else "supervise"
                 self._log.error("shard.event_failed", kind=kind, error=repr(exc))
+
+    def _reconcile_candidacy(self) -> None:
+        """Join or leave the election as `_wanted` says (shard thread only)."""
+        if self._wanted.stand and not self.standing:
+            self.leadership = self._coordinator.join(self.shard, on_change=self._events.put)
+            self.standing = True
+            self._log.info("shard.standing")
+        elif not self._wanted.stand and self.standing:
+            self._log.warning("shard.withdrawing", reason=self._wanted.reason)
+            self._stop_pipelines(HANDOVER_GRACE_S, reason=self._wanted.reason)
+            self._metrics.leader.labels(shard=str(self.shard)).set(0)
+            # Left, the old candidacy emits only its LostLeadership (before any later join's
+            # events: one notifier delivers them in order), which finds nothing to stop.
+            self._coordinator.leave(self.shard)
+            self.standing = False
 
     def _supervise(self, now: float) -> None:
         """Restart, after its delay, every pipeline whose threads ended while the term holds.

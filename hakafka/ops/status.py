@@ -57,7 +57,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
                 "flight": None if info is None else info.flight,
                 "version": None if info is None else info.version,
                 "healthy": views.get(name, {}).get("healthy"),
-                "error": errors.get(name),
+                "error": errors.get(name) or _drift_of(views.get(name, {})),
                 "replacing": None if flag is None else asdict(flag),
             }
         )
@@ -65,6 +65,12 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
         p["state"] == "consuming" for p in pipelines
     )
     return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
+
+
+def _drift_of(view: dict[str, Any]) -> str | None:
+    """A node's settings drift (why it stands in no shard), or None."""
+    drift = view.get("settings_drift")
+    return "settings drift: " + "; ".join(drift) if drift else None
 
 
 def _pipelines_of(

@@ -29,6 +29,7 @@ from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import PipelineParts, Wal
 from hakafka.pipeline.state import PipelineState, PipelineStopped
+from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
 FLUSH_CHECK_S = 0.05
 BACKOFF_INITIAL_S = 0.5
@@ -222,7 +223,13 @@ class FlushLane:
             signals.wait_gate()
             try:
                 result = call()
-            except (PipelineStopped, FencedError, OffsetOutOfRangeError):
+            except (
+                PipelineStopped,
+                FencedError,
+                OffsetOutOfRangeError,
+                SchemaMismatchError,
+                UnsafeTableError,
+            ):
                 raise  # not ClickHouse or Kafka being away: retrying cannot help
             except Exception as exc:
                 if self.failing_since is None:

@@ -1,0 +1,135 @@
+"""A node whose shard-wide settings differ from the recorded ones stands in no shard, and a
+leader whose settings stop agreeing with the record steps down: `hakafka run` processes on
+the real local stack."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
+from devstack.records import create_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+SHARDS = [0, 1]
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text, made = re.subn(old, new, path.read_text(), flags=re.M)
+    assert made == 1, f"{path.name}: {old!r} matched {made} times"
+    path.write_text(text)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def candidates(stack: StackEndpoints, zk_root: str) -> dict[int, list[str]]:
+    """The nodes standing in each shard's election (their candidate znodes)."""
+    zk = KazooClient(hosts=stack.zookeeper)
+    zk.start(timeout=10)
+    try:
+        found = {}
+        for shard in SHARDS:
+            election = f"{zk_root}/shards/{shard}/election"
+            names = zk.get_children(election)
+            found[shard] = sorted(zk.get(f"{election}/{n}")[0].decode() for n in names)
+        return found
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def hakafka(*args: str) -> subprocess.CompletedProcess[str]:
+    """`hakafka ARGS...` as a child process (its exit code is what scripts see)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hakafka.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def drift_of(node: DaemonNode) -> list[str]:
+    drift: list[str] = node.status()["settings_drift"]
+    return drift
+
+
+def events(node: DaemonNode, name: str) -> list[dict[str, Any]]:
+    found = []
+    for line in node.log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line the JVM interleaved with ours
+            if event.get("event") == name:
+                found.append(event)
+    return found
+
+
+def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_the_leader(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, zk_root: str
+) -> None:
+    create_topic(stack.kafka, f"{topic_prefix}_events", 4)
+    cluster: LocalCluster = make_cluster({"n1": SHARDS, "n2": SHARDS, "n3": SHARDS})
+    n1, n2, n3 = (cluster.nodes[n] for n in ("n1", "n2", "n3"))
+    edit(n2.config_path, r'^on_error = "dead_letter"$', 'on_error = "skip"')
+    edit(n3.config_path, r'^amount = "Nullable\(Float64\)"$', '\\g<0>\nnote = "Nullable(String)"')
+    assert hakafka("init", "--config", str(n1.config_path)).returncode == 0
+    cluster.start()
+
+    # n1 has the recorded settings and leads both shards; n2 and n3 stay up, stand nowhere,
+    # and say why in /status, in the log and in `hakafka status`.
+    assert cluster.wait_leaders(SHARDS) == {0: "n1", 1: "n1"}
+    assert candidates(stack, zk_root) == {0: ["n1"], 1: ["n1"]}
+    (on_error,) = drift_of(n2)
+    assert on_error.startswith(
+        'pipeline "events": on_error: recorded "dead_letter", this config "skip" (incompatible'
+    )
+    (note,) = drift_of(n3)
+    assert note == (
+        'pipeline "events": columns.note: recorded (none), this config "Nullable(String)" '
+        "(compatible)"
+    )
+    assert [s["standing"] for s in n2.status()["shards"]] == [False, False]
+    assert drift_of(n1) == [] and [s["standing"] for s in n1.status()["shards"]] == [True, True]
+    (logged,) = events(n2, "settings.drift")
+    assert logged["differences"] == [on_error] and logged["level"] == "error"
+    status = hakafka("status", "--config", str(n1.config_path), "--json")
+    assert status.returncode == 0, status.stderr
+    errors = {n["node"]: n["error"] for n in json.loads(status.stdout)["nodes"]}
+    assert errors["n1"] is None
+    assert errors["n2"] == f"settings drift: {on_error}"
+
+    # Recording n3's compatible change makes n1 step down and n3 stand and lead; n2 still
+    # differs and still stands nowhere.
+    updated = hakafka("init", "--update", "--config", str(n3.config_path))
+    assert updated.returncode == 0, updated.stderr
+    wait_for(lambda: cluster.leaders() == {0: "n3", 1: "n3"}, 120, "n3 to lead both shards")
+    assert candidates(stack, zk_root) == {0: ["n3"], 1: ["n3"]}
+    (removed,) = drift_of(n1)
+    assert removed.startswith(
+        'pipeline "events": columns.note: recorded "Nullable(String)", this config (none) '
+        "(incompatible"
+    )
+    assert {e["reason"] for e in events(n1, "shard.withdrawing")} == {
+        "shard-wide settings differ from the recorded ones"
+    }
+    assert drift_of(n3) == [] and len(drift_of(n2)) == 1
+    assert all(n.alive() for n in (n1, n2, n3))
