@@ -71,6 +71,7 @@ class PipelineFactory:
                     shard=shard,
                     decoder=decoder_of(p.config, p.schema),
                     parts=self._parts(p, shard, fenced),
+                    assignment=shard_assignment(self.config, p.config, shard),
                     rows_per_task=self.config.spark.rows_per_task,
                     catalog=self.catalog,
                     metrics=self.metrics,

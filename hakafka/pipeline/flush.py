@@ -67,6 +67,7 @@ class FlushLane:
     checkpoint: dict[int, int] = field(default_factory=dict)
     pending: PendingReflush | None = None
     failing_since: float | None = None  # monotonic time of the first failed attempt in a row
+    drained: bool = False  # set once a draining pipeline committed everything it held
 
     def run(self) -> None:
         """Seal and flush whenever the thresholds say so, until the pipeline stops. A flush
@@ -84,14 +85,20 @@ class FlushLane:
                 time.sleep(FLUSH_CHECK_S)
                 # Never seal a block for a pipeline that is stopping.
                 signals.check_stop("stopped")
-                if not signals.gate.is_set() or not should_flush(
-                    self.thresholds, lane.buffer.stats(), time.monotonic()
+                draining = signals.draining.is_set()
+                if not signals.gate.is_set() or not (
+                    draining
+                    or should_flush(self.thresholds, lane.buffer.stats(), time.monotonic())
                 ):
                     continue
                 block = lane.buffer.seal()
                 if block is not None:
                     planned = plan_block(block, self.rows_per_task)
                     self.flush_and_commit(planned, intent_written=False)
+                elif draining:
+                    self.drained = True
+                    lane.log.info("pipeline.drained", checkpoint=self.checkpoint)
+                    return
         except (PipelineStopped, FencedError) as exc:
             lane.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)
         except Exception as exc:

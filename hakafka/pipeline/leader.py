@@ -33,7 +33,7 @@ import structlog
 
 from buffer import Catalog, OffsetRange
 from hakafka.config import PipelineConfig
-from hakafka.consumer import DecodeError, Decoder
+from hakafka.consumer import DecodeError, Decoder, ShardAssignment
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import FencedError
 from hakafka.faults import CrashPlan
@@ -78,12 +78,18 @@ class PipelineLeader:
         shard: int,
         decoder: Decoder,
         parts: PipelineParts,
+        assignment: ShardAssignment,
         rows_per_task: int,
         catalog: Catalog,
         metrics: Metrics,
         crash: CrashPlan | None = None,
+        drain: bool = False,
     ) -> None:
+        """`assignment` says which partitions the shard owns: WAL records of others (left by
+        an earlier layout) are never replayed. With `drain`, the pipeline recovers, flushes and
+        commits what its WAL and pending intent hold, consumes nothing, and ends `drained`."""
         self.config, self.shard, self.decoder = config, shard, decoder
+        self.assignment, self.drain = assignment, drain
         self._parts, self._catalog = parts, catalog
         self._crash = crash or CrashPlan(None)
         self.status = PipelineStatus()
@@ -217,6 +223,9 @@ class PipelineLeader:
             self._signals.check_stop("stopped during recovery")
             self._flusher.start()
             starts.update(self._replay(wal, starts))
+            if self.drain:
+                self._await_drained()
+                return
             self._consume.assign(self._parts.consumer(), starts)
             self.status.enter(PipelineState.CONSUMING, self._log)
             self._consume.run(wal)
@@ -237,6 +246,18 @@ class PipelineLeader:
             if self._flusher.ident is None:
                 self._thread_done()  # the flusher never started: count it as done
             self._thread_done()
+
+    def _await_drained(self) -> None:
+        """Let the flush lane commit everything recovered, then end `drained` (or stopped,
+        when stopped first; failed, when the flush lane failed)."""
+        self.status.enter(PipelineState.DRAINING, self._log)
+        self._signals.draining.set()
+        while self._flusher.is_alive():
+            self._signals.beat()
+            self._flusher.join(0.2)
+        if not self._flush.drained:
+            raise PipelineStopped("stopped while draining")
+        self.status.enter(PipelineState.DRAINED, self._log, checkpoint=self._flush.checkpoint)
 
     def _flush_thread(self) -> None:
         try:
@@ -315,7 +336,7 @@ class PipelineLeader:
         replayed = 0
         for record in wal.replay():
             self._signals.check_stop("stopped during replay")
-            ranges = record_ranges(record, topic)
+            ranges = self._owned(record_ranges(record, topic))
             self._index.add(record.position, ranges)
             keep = cursor.accept(ranges)
             if not keep:
@@ -333,6 +354,11 @@ class PipelineLeader:
             gaps=sorted(cursor.closed),
         )
         return cursor.next_offsets
+
+    def _owned(self, ranges: dict[int, OffsetRange]) -> dict[int, OffsetRange]:
+        """The ranges of partitions this shard owns: a WAL written under an earlier layout
+        may hold others, whose checkpoints now live in their new shard."""
+        return {p: r for p, r in ranges.items() if self.assignment.select([p])}
 
     # -- teardown ------------------------------------------------------------------------
 

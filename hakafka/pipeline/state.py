@@ -13,13 +13,20 @@ class PipelineState(StrEnum):
     STARTING = "starting"
     RECOVERING = "recovering"
     CONSUMING = "consuming"
+    DRAINING = "draining"
+    DRAINED = "drained"
     FAILED = "failed"
     STOPPED = "stopped"
 
     @property
     def live(self) -> bool:
-        """Starting, recovering or consuming: a leader in good health."""
-        return self in (PipelineState.STARTING, PipelineState.RECOVERING, PipelineState.CONSUMING)
+        """Starting, recovering, consuming or draining: a leader in good health."""
+        return self in (
+            PipelineState.STARTING,
+            PipelineState.RECOVERING,
+            PipelineState.CONSUMING,
+            PipelineState.DRAINING,
+        )
 
 
 class PipelineStopped(Exception):  # noqa: N818 - a control-flow signal, not an error
@@ -67,6 +74,8 @@ class Signals:
       not be lost).
     - `flush_idle`: no block is in flight (what `stop` waits for within its grace).
     - `abandoned`: stop's grace ran out: the block in flight must not commit.
+    - `draining`: nothing more is consumed; the flush lane seals and commits what the buffer
+      holds, whatever the thresholds, and ends once it is empty.
     """
 
     def __init__(self) -> None:
@@ -79,6 +88,7 @@ class Signals:
         self.flush_idle = threading.Event()
         self.flush_idle.set()
         self.abandoned = threading.Event()
+        self.draining = threading.Event()
         # Thread id -> monotonic time of its last step; a running thread that stops stepping
         # (a hung disk, driver or call) makes the pipeline stuck.
         self._beats: dict[int, float] = {}

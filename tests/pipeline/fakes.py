@@ -33,6 +33,7 @@ from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Flushed
 from hakafka.pipeline.replay import WalIndex
 from hakafka.pipeline.state import PipelineStatus, Signals
+from hakafka.settings import shard_assignment
 from spark_bridge.replicas import Replica
 from wal import WriteAheadLog
 
@@ -345,7 +346,7 @@ class Harness:
         self.consumers.append(consumer)
         return consumer
 
-    def leader(self) -> PipelineLeader:
+    def leader(self, *, drain: bool = False) -> PipelineLeader:
         assert self.refetch is not None
         return PipelineLeader(
             config=self.pipeline,
@@ -362,10 +363,12 @@ class Harness:
                 fenced=self.fenced,
                 replicas=lambda: (),
             ),
+            assignment=shard_assignment(self.config, self.pipeline, 0),
             rows_per_task=self.config.spark.rows_per_task,
             catalog=self.catalog,
             metrics=Metrics.create(registry=_registry()),
             crash=self.crash,
+            drain=drain,
         )
 
     def consume_lane(self) -> ConsumeLane:

@@ -1,0 +1,85 @@
+"""Draining a pipeline for a reshard, and replay under a new layout of partitions.
+
+A draining leader re-flushes the pending block, flushes what its WAL holds past the
+checkpoint, commits, and ends `drained` without consuming. A leader whose WAL was written
+under an earlier layout replays only the partitions its shard owns now. In-memory parts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hakafka.pipeline import PipelineLeader, PipelineState
+from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, wait_for
+
+
+@pytest.fixture
+def leaders() -> Iterator[list[PipelineLeader]]:
+    started: list[PipelineLeader] = []
+    yield started
+    for leader in started:
+        leader.stop(0.0)
+
+
+def start(h: Harness, leaders: list[PipelineLeader], *, drain: bool = False) -> PipelineLeader:
+    leader = h.leader(drain=drain)
+    leaders.append(leader)
+    leader.start()
+    return leader
+
+
+def test_a_draining_leader_commits_the_pending_block_and_its_wal_then_ends(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    topic = Topic(partitions=2)
+    topic.produce(0, 40)
+    topic.produce(1, 30, bad=[4])
+    # The first leader flushes one block, then holds the next one in flight while more
+    # arrives, and loses its term: a pending block plus WAL rows past it.
+    h = Harness(tmp_path, pipeline_config(min_rows=60, max_rows=60), topic)
+    h.sink.gate.clear()
+    first = start(h, leaders)
+    wait_for(h.sink.entered.is_set, "the first flush")
+    topic.produce(0, 25)
+    wait_for(lambda: first.positions().get(0) == 65, "the rows after the block in the WAL")
+    h.fenced.fenced = True
+    h.sink.gate.set()
+    first.stop(5.0)
+    assert h.fenced.pending is not None and h.fenced.commits == 0
+    h.fenced = h.fenced.next_term()
+    consumers = len(h.consumers)
+    topic.produce(1, 10)  # arrives meanwhile: a draining leader must not read it
+    second = start(h, leaders, drain=True)
+    wait_for(lambda: second.status.state is PipelineState.DRAINED, "the drain")
+    assert h.fenced.checkpoint[TOPIC] == {0: 65, 1: 30}
+    assert h.fenced.pending is None
+    assert h.sink.offsets() == sorted(
+        [(0, o) for o in range(65)] + [(1, o) for o in range(30) if o != 4]
+    )
+    assert h.sink.dead_offsets() == [(1, 4)]
+    assert len(h.consumers) == consumers, "a draining leader builds no consumer"
+    assert not second.running and second.status.restartable
+
+
+def test_replay_skips_partitions_an_earlier_layout_left_in_the_wal(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    topic = Topic(partitions=2)
+    topic.produce(0, 20)
+    topic.produce(1, 20)
+    # One shard read both partitions; its WAL holds both, unflushed.
+    h = Harness(tmp_path, pipeline_config(min_rows=1000, min_age=60.0, max_age=60.0), topic)
+    first = start(h, leaders)
+    wait_for(lambda: first.buffer.rows.row_count == 40, "both partitions in the WAL")
+    first.stop(0.0)
+    # Resharded to two shards: partition 1 (and its checkpoint) moved to shard 1, so shard 0
+    # replays partition 0 only (partition 1's rows belong to shard 1's leader now).
+    h.config = dataclasses.replace(h.config, shard_count=2)
+    h.fenced = h.fenced.next_term()
+    second = start(h, leaders)
+    assert second.wait_consuming(5.0)
+    assert second.status.replayed_rows == 20
