@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from hakafka.config import Config
-from hakafka.ops.cluster import connect
+from hakafka.ops.cluster import OpsError, connect
 from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
 from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
-from spark_bridge.tables import ensure_table
+from spark_bridge.tables import SchemaMismatchError, UnsafeTableError, ensure_table
 
 
 def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[str]:
-    """Create what is missing for every shard of the cluster; return what was done."""
+    """Create what is missing for every shard of the cluster; return what was done.
+
+    Every existing table is checked on every replica; OpsError lists each one refused (other
+    columns, or an engine or window that would not deduplicate a re-flush) with its fix.
+    """
     done = []
+    refused = []
     shards = range(config.shard_count)
     with connect(config) as coordinator:
         coordinator.init_paths(shards)
@@ -30,7 +35,12 @@ def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[st
                 try:
                     for spec in specs:
                         done += add_optional_columns(client, spec, pipeline)
-                        ensure_table(client, spec)
+                        try:
+                            ensure_table(client, spec)
+                        except (SchemaMismatchError, UnsafeTableError) as exc:
+                            refused.append(
+                                f"clickhouse {replica.name} ({replica.host}:{replica.port}): {exc}"
+                            )
                 finally:
                     client.close()
             where = ", ".join(f"{r.name} ({r.host}:{r.port})" for r in replicas)
@@ -38,4 +48,7 @@ def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[st
                 f"clickhouse: {config.clickhouse.database}.{pipeline.table} and "
                 f"{pipeline.dead_letter_table} on shard {shard}: {where}"
             )
+    if refused:
+        # One server may serve several shards: each refusal once.
+        raise OpsError("tables refused:\n" + "\n".join(dict.fromkeys(refused)))
     return done
