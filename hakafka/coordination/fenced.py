@@ -2,7 +2,8 @@
 
 Every write is one ZooKeeper multi-op that first checks the shard's `epoch` znode still has
 the version this leader got when it was elected (the fencing token), so a leader that lost
-its session cannot change anything once a successor was elected.
+its session cannot change anything once a successor was elected. A checkpoint only moves
+forward: a commit below the committed offset is refused (`CheckpointRegressionError`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,27 @@ from hakafka.coordination.session import ZkSession
 log = structlog.get_logger("hakafka.coordination")
 
 _ATTEMPTS = 3
+
+
+class CheckpointRegressionError(CoordinationError):
+    """A checkpoint commit would move some partition's offset backwards (a bug or a second
+    writer); nothing was written."""
+
+
+def check_monotonic(shard: int, pipeline: str, committed: Checkpoint, proposed: Checkpoint) -> None:
+    """Raise `CheckpointRegressionError` naming every partition whose `proposed` offset is
+    below its `committed` one."""
+    behind = [
+        f"{topic}[{partition}]: committed {committed[topic][partition]}, proposed {offset}"
+        for topic, parts in sorted(proposed.items())
+        for partition, offset in sorted(parts.items())
+        if offset < committed.get(topic, {}).get(partition, offset)
+    ]
+    if behind:
+        raise CheckpointRegressionError(
+            f"shard {shard}, pipeline {pipeline}: checkpoint commit refused, it would move "
+            f"backwards ({'; '.join(behind)}); nothing written"
+        )
 
 
 class FencedState:
@@ -98,7 +120,9 @@ class FencedState:
         """Merge `offsets` into the checkpoint and delete the pending intent, atomically.
 
         Partitions not named in `offsets` keep their committed offset. Returns the new
-        checkpoint. Raises `FencedError` (nothing written) if this node no longer leads.
+        checkpoint. Raises `FencedError` (nothing written) if this node no longer leads, and
+        `CheckpointRegressionError` (nothing written) if an offset is below the committed
+        one: the comparison is against the version read, which the multi-op checks.
         """
         self._require_leading("commit_checkpoint")
         cp_path = paths.checkpoint(self.shard, pipeline)
@@ -119,6 +143,7 @@ class FencedState:
             if has_pending:
                 txn.delete(pending_path)
             if self._commit(txn, cp_path, "commit_checkpoint"):
+            check_monotonic(self.shard, pipeline, merged, offsets)
                 log.info(
                     "fenced.checkpoint_committed",
                     shard=self.shard,

@@ -18,6 +18,7 @@ from typing import TypeVar
 from buffer import OffsetRange, Thresholds, should_flush
 from hakafka.consumer import Decoder, OffsetOutOfRangeError
 from hakafka.coordination import FencedError, PendingIntent
+from hakafka.coordination.fenced import CheckpointRegressionError
 from hakafka.pipeline.blockplan import (
     BlockMismatchError,
     PlannedBlock,
@@ -105,9 +106,10 @@ class FlushLane:
             lane.status.error = f"{type(exc).__name__}: {exc}"
             # These fail the same way on every leader: they wait for ops. A pending block past
             # retention under out_of_range = "fail" (kafka.out_of_range = "earliest" skips
-            # it); a pending block that no longer matches its plan.
+            # it); a pending block that no longer matches its plan; a checkpoint commit that
+            # would move backwards (a bug or a second writer: nothing was written).
             lane.status.restartable = not isinstance(
-                exc, (OffsetOutOfRangeError, BlockMismatchError)
+                exc, (OffsetOutOfRangeError, BlockMismatchError, CheckpointRegressionError)
             )
             lane.log.error("flush.failed_permanently", error=lane.status.error)
             lane.status.enter(PipelineState.FAILED, lane.log, error=lane.status.error)

@@ -9,6 +9,7 @@ from kazoo.client import KazooClient
 
 from devstack.process import wait_until
 from hakafka.coordination import FencedError, PendingIntent
+from hakafka.coordination.fenced import CheckpointRegressionError
 
 
 def lead(coordinators: Any, node: str = "n1") -> Any:
@@ -100,3 +101,56 @@ def test_not_leading_has_no_fenced_state(coordinators: Any, one_leader: Any) -> 
     with pytest.raises(FencedError, match="node n2 is not the leader"):
         follower.fenced()
     one_leader.assert_never_two()
+
+
+@pytest.mark.integration
+def test_a_checkpoint_never_moves_backwards(
+    coordinators: Any, zookeeper_ensemble: Any, zk_root: str
+) -> None:
+    fenced = lead(coordinators).fenced()
+    fenced.commit_checkpoint("p", {"t": {0: 100, 1: 50}})
+    fenced.write_pending("p", PendingIntent("b4", {"t": {0: (90, 100)}}, fenced.epoch))
+    with pytest.raises(CheckpointRegressionError) as refused:
+        fenced.commit_checkpoint("p", {"t": {0: 99, 1: 60}})
+    assert str(refused.value) == (
+        "shard 0, pipeline p: checkpoint commit refused, it would move backwards "
+        "(t[0]: committed 100, proposed 99); nothing written"
+    )
+    # Nothing written: neither partition moved and the intent is still there.
+    assert fenced.read_checkpoint("p") == {"t": {0: 100, 1: 50}}
+    assert fenced.read_pending("p") is not None
+    # The same offset again, or a partition never committed, is fine.
+    assert fenced.commit_checkpoint("p", {"t": {0: 100, 2: 0}}) == {"t": {0: 100, 1: 50, 2: 0}}
+
+
+@pytest.mark.integration
+def test_the_monotonic_check_holds_against_a_write_between_read_and_commit(
+    coordinators: Any, zookeeper_ensemble: Any, zk_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fenced = lead(coordinators).fenced()
+    fenced.commit_checkpoint("p", {"t": {0: 100}})
+    path = f"{zk_root}/shards/0/pipelines/p/checkpoint"
+    raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
+    raw.start(timeout=10)
+    session = fenced._session
+    exists = session.exists
+    writes: list[Any] = []
+
+    def exists_after_a_concurrent_write(znode: str) -> Any:
+        # Asked for `pending` after commit_checkpoint read the checkpoint (100), before its
+        # multi-op.
+        if znode.endswith("/pending") and not writes:
+            writes.append(raw.set(path, b'{"t":{"0":500}}'))
+        return exists(znode)
+
+    monkeypatch.setattr(session, "exists", exists_after_a_concurrent_write)
+    try:
+        with pytest.raises(CheckpointRegressionError, match="committed 500, proposed 200"):
+            fenced.commit_checkpoint("p", {"t": {0: 200}})
+        data, _ = raw.get(path)
+    finally:
+        raw.stop()
+        raw.close()
+    assert len(writes) == 1, "the concurrent write happened once, between read and commit"
+    # The multi-op checked the version it compared against: 200 never overwrote 500.
+    assert data == b'{"t":{"0":500}}'
