@@ -131,6 +131,7 @@ class FencedState:
         for _ in range(_ATTEMPTS):
             got = self._session.get(cp_path)
             merged = {} if got is None else decode_checkpoint(cp_path, got[0])
+            check_monotonic(self.shard, pipeline, merged, offsets)
             for topic, parts in offsets.items():
                 merged.setdefault(topic, {}).update(parts)
             has_pending = self._session.exists(pending_path) is not None
@@ -143,7 +144,6 @@ class FencedState:
             if has_pending:
                 txn.delete(pending_path)
             if self._commit(txn, cp_path, "commit_checkpoint"):
-            check_monotonic(self.shard, pipeline, merged, offsets)
                 log.info(
                     "fenced.checkpoint_committed",
                     shard=self.shard,
