@@ -2,7 +2,12 @@
 
 Never subscribes (no group rebalances) and never commits offsets to Kafka: the daemon's
 checkpoint in ZooKeeper is the only source of start offsets. `auto.offset.reset` is forced to
-`error`, so an out-of-range offset always reaches the explicit `out_of_range` policy.
+`error`, so an out-of-range offset always reaches the explicit `out_of_range` policy; reads
+are `read_committed`, so aborted transactions are never ingested.
+
+Positions are the next offset to read, as librdkafka advances them: past transaction markers
+and offsets a compacted or trimmed log no longer has, so consecutive batches are contiguous
+in positions even where offsets are missing.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from enum import StrEnum
 from typing import Any
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from hakafka.consumer.assignment import ShardAssignment
-from hakafka.consumer.errors import KafkaConsumeError, OffsetOutOfRangeError
+from hakafka.consumer.errors import ConsumerError, KafkaConsumeError, OffsetOutOfRangeError
 
 
 class OutOfRange(StrEnum):
@@ -40,6 +45,7 @@ _FORCED: dict[str, Any] = {
     "auto.offset.reset": "error",
     "enable.partition.eof": False,
     "allow.auto.create.topics": False,
+    "isolation.level": "read_committed",
 }
 # Throughput defaults for batches of ~10k messages of ~200 bytes; any can be overridden.
 DEFAULT_TUNING: dict[str, Any] = {
@@ -52,8 +58,13 @@ DEFAULT_TUNING: dict[str, Any] = {
     "queued.max.messages.kbytes": 256 << 10,
     "socket.receive.buffer.bytes": 4 << 20,
 }
+_UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 _OUT_OF_RANGE_CODES = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 _IGNORED_CODES = frozenset({KafkaError._PARTITION_EOF})
+
+
+class KafkaMetadataError(ConsumerError):
+    """Topic metadata or a partition's log start could not be read (a broker hiccup: retry)."""
 
 
 def redact_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,6 +144,8 @@ class PartitionConsumer:
         }
         self._consumer = Consumer(self._config)
         self._positions: dict[int, int] = {}
+        # Start offsets from the caller, kept until (and after) their partition shows up.
+        self._starts: dict[int, int] = {}
         self._paused: set[int] = set()
         # Partitions whose start offset was not yet checked against the high watermark.
         self._unverified: set[int] = set()
@@ -144,11 +157,32 @@ class PartitionConsumer:
     # -- assignment ------------------------------------------------------------------
 
     def topic_partitions(self) -> list[int]:
-        """All partitions of the topic per fresh metadata ([] if the topic does not exist)."""
-        metadata = self._consumer.list_topics(self.topic, timeout=self._timeout)
+        """All partitions of the topic per fresh metadata.
+
+        [] if the topic does not exist and no start offset is known for it (it may be created
+        later). KafkaMetadataError if the request fails, the topic or a partition reports an
+        error, or a topic whose start offsets are known is missing: never "no partitions".
+        """
+        try:
+            metadata = self._consumer.list_topics(self.topic, timeout=self._timeout)
+        except KafkaException as exc:
+            raise KafkaMetadataError(
+                f"topic {self.topic}: metadata request failed: {exc}"
+            ) from None
         topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None:
+        error = None if topic is None else topic.error
+        if topic is None or (error is not None and error.code() == _UNKNOWN_TOPIC):
+            if self._starts:
+                raise KafkaMetadataError(
+                    f"topic {self.topic} is missing from metadata, yet start offsets are "
+                    f"known for partitions {sorted(self._starts)}"
+                )
             return []
+        if error is not None:
+            raise KafkaMetadataError(f"topic {self.topic}: metadata error {error.str()}")
+        broken = {p: m.error.str() for p, m in topic.partitions.items() if m.error is not None}
+        if broken:
+            raise KafkaMetadataError(f"topic {self.topic}: partition metadata errors {broken}")
         return sorted(topic.partitions)
 
     def owned_partitions(self) -> list[int]:
@@ -161,51 +195,64 @@ class PartitionConsumer:
     def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
         """Start reading every owned partition; returns the assigned partitions.
 
-        A partition missing from `start_offsets` starts at its first available offset. A
-        start offset below the log start follows the `out_of_range` policy right here; one
-        beyond the log end is detected after the first fetch (see `consume`).
+        Every start offset is kept: a partition metadata does not show yet starts at its
+        known offset when it appears (`refresh_partitions`). A partition without one starts
+        at its first available offset. A start offset below the log start follows the
+        `out_of_range` policy right here; one beyond the log end is detected after the
+        first fetch (see `consume`). KafkaMetadataError (nothing assigned, the known offsets
+        kept) if metadata cannot be read: call `assign` again.
         """
         if self._positions:
             raise RuntimeError(f"{self!r} is already assigned; close it and create a new one")
+        self._starts = dict(start_offsets)
         owned = self.owned_partitions()
-        unknown = sorted(set(start_offsets) - set(owned))
-        if unknown:
-            raise ValueError(
-                f"start offsets given for partitions {unknown} of {self.topic} that this "
-                f"consumer does not own (owned: {owned})"
-            )
-        self._add(owned, start_offsets)
+        self._add(owned)
         return owned
 
     def refresh_partitions(self) -> list[int]:
-        """Assign owned partitions that appeared since `assign` (from their first offset).
+        """Assign owned partitions that appeared since `assign`, from their known start
+        offset, else their first offset.
 
         Returns the newly assigned partitions, sorted; call it periodically.
+        KafkaMetadataError (nothing changed) if metadata cannot be read.
         """
         new = sorted(set(self.owned_partitions()) - set(self._positions))
         if new:
-            self._add(new, {})
-            log.info("consumer.partitions_added", topic=self.topic, partitions=new)
+            self._add(new)
+            log.info(
+                "consumer.partitions_added",
+                topic=self.topic,
+                partitions=new,
+                start_offsets={p: self._positions[p] for p in new},
+            )
         return new
 
-    def _add(self, partitions: Iterable[int], start_offsets: Mapping[int, int]) -> None:
-        tps = []
+    def _add(self, partitions: Iterable[int]) -> None:
+        # Every start first: a failed watermark query must leave nothing half assigned.
+        starts = {}
         for partition in partitions:
             low = self._low_watermark(partition)
-            start = start_offsets.get(partition, low)
+            start = self._starts.get(partition, low)
             if start < low:
                 start = self._out_of_range(partition, start, low=low, high=None)
-            self._positions[partition] = start
-            self._unverified.add(partition)
-            tps.append(TopicPartition(self.topic, partition, start))
-        if tps:
-            self._consumer.incremental_assign(tps)
+            starts[partition] = start
+        if starts:
+            self._positions.update(starts)
+            self._unverified.update(starts)
+            self._consumer.incremental_assign(
+                [TopicPartition(self.topic, p, o) for p, o in starts.items()]
+            )
 
     def _low_watermark(self, partition: int) -> int:
         # ListOffsets EARLIEST is reliable (LATEST is not, on tansu): query only the low end.
-        low, _ = self._consumer.get_watermark_offsets(
-            TopicPartition(self.topic, partition), timeout=self._timeout, cached=False
-        )
+        try:
+            low, _ = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=self._timeout, cached=False
+            )
+        except KafkaException as exc:
+            raise KafkaMetadataError(
+                f"{self.topic}[{partition}]: log start offset unavailable: {exc}"
+            ) from None
         return int(low)
 
     # -- consumption -----------------------------------------------------------------
@@ -219,6 +266,7 @@ class PartitionConsumer:
         """
         messages = self._consumer.consume(num_messages, timeout)
         if not messages:
+            self._follow_positions()
             self._verify_positions()
             return []
         errors = [m for m in messages if m.error() is not None]
@@ -230,10 +278,20 @@ class PartitionConsumer:
         last: dict[int, int] = {m.partition(): m.offset() for m in messages}  # type: ignore[misc]
         for partition, offset in last.items():
             self._positions[partition] = offset + 1
+        self._follow_positions()
         self._unverified.difference_update(last)
         if self._unverified:
             self._verify_positions()
         return messages
+
+    def _follow_positions(self) -> None:
+        """Move each tracked position up to librdkafka's, which also passes transaction
+        markers and offsets missing from the log (its "none yet", -1001, is below any)."""
+        if not self._positions:
+            return
+        tps = [TopicPartition(self.topic, p) for p in self._positions]
+        for tp in self._consumer.position(tps):
+            self._positions[tp.partition] = max(self._positions[tp.partition], tp.offset)
 
     def _verify_positions(self) -> None:
         """Apply the policy to partitions whose position lies beyond the fetched high
@@ -330,7 +388,8 @@ class PartitionConsumer:
         return sorted(self._positions)
 
     def position(self) -> dict[int, int]:
-        """Next offset to read per assigned partition (tracked from delivered messages)."""
+        """Next offset to read per assigned partition: past the delivered messages, and past
+        markers and missing offsets once librdkafka has fetched beyond them."""
         return dict(self._positions)
 
     def _cached_watermarks(self, partition: int) -> tuple[int, int]:

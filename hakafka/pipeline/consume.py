@@ -2,6 +2,11 @@
 
 At the buffer limit a batch is held and the partitions pause until a flush commits
 (backpressure); the WAL record is already written, so nothing is consumed twice.
+
+A WAL record's range per partition is in consumer positions (next offset to read): from
+where the previous record ended to the position after the batch, minus one. Consecutive
+records are therefore contiguous even across offsets that hold no message (transaction
+markers, compacted or trimmed offsets), and a checkpoint is the next offset to read.
 """
 
 from __future__ import annotations
@@ -12,17 +17,26 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from buffer import BufferFull, OffsetRange
-from hakafka.consumer import Decoder
+from hakafka.consumer import DecodedBatch, Decoder
+from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import Consumer, Wal
-from hakafka.pipeline.state import PipelineStopped
+from hakafka.pipeline.state import PipelineStopped, Signals
 from hakafka.pipeline.walcodec import WalBatch, encode
 from wal import FsyncPolicy
 
 CONSUME_BATCH = 10_000
 POLL_TIMEOUT_S = 0.2
 REFRESH_PARTITIONS_S = 30.0
+# After a metadata error, or while a partition with a known start offset is missing from
+# metadata: retry after 0.5 s, doubling up to the refresh interval.
+METADATA_RETRY_S = 0.5
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before metadata retry number `attempt` (1, 2, ...)."""
+    return float(min(REFRESH_PARTITIONS_S, METADATA_RETRY_S * 2 ** (attempt - 1)))
 
 
 @dataclass
@@ -36,18 +50,76 @@ class ConsumeLane:
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     paused_since: float | None = None  # monotonic time the buffer limit paused the consumer
+    _starts: dict[int, int] = field(default_factory=dict)  # every start offset known at assign
+    # Per partition, the next offset no WAL record covers yet (where the next record begins).
+    _recorded: dict[int, int] = field(default_factory=dict)
+    _refresh_failures: int = 0  # refreshes in a row that failed or left a known one missing
 
     def assign(self, consumer: Consumer, starts: dict[int, int]) -> None:
-        """Take `consumer` and assign its owned partitions from `starts` (partition -> next
-        offset; the reset policy decides for a partition not in it)."""
-        self.consumer = consumer
-        owned = set(consumer.owned_partitions())
-        assigned = consumer.assign({p: o for p, o in starts.items() if p in owned})
+        """Take `consumer` and assign its partitions, handing it every known start offset
+        (partition -> next offset): a partition metadata does not show yet starts there when
+        it appears; one without a known offset starts per the reset policy. A metadata error
+        is retried with backoff (beating) until it clears or the pipeline stops."""
+        self.consumer, self._starts = consumer, dict(starts)
+        attempt = 0
+        while True:
+            self.lane.signals.check_stop("stopped before the consumer was assigned")
+            try:
+                assigned = consumer.assign(starts)
+                break
+            except KafkaMetadataError as exc:
+                attempt += 1
+                _sleep_beating(self.lane.signals, self._metadata_retry("assign", exc, attempt))
+        self._recorded = consumer.position()
         self.lane.log.info(
             "consumer.assigned",
             partitions=assigned,
-            start_offsets={p: starts.get(p) for p in assigned},
+            start_offsets=self._recorded,
+            waiting=sorted(set(starts) - set(assigned)),
         )
+
+    def _metadata_retry(self, what: str, exc: KafkaMetadataError, attempt: int) -> float:
+        """Log a metadata error; returns the seconds to wait before retry `attempt`."""
+        delay = retry_delay(attempt)
+        self.lane.log.warning(
+            "consumer.metadata_retry", what=what, error=str(exc), attempt=attempt, backoff_s=delay
+        )
+        return delay
+
+    def _refresh(self, consumer: Consumer) -> float:
+        """Assign partitions that appeared; returns seconds until the next refresh: the
+        interval, or a backoff while metadata fails or a known partition is still missing."""
+        try:
+            added = consumer.refresh_partitions()
+        except KafkaMetadataError as exc:
+            self._refresh_failures += 1
+            return self._metadata_retry("refresh", exc, self._refresh_failures)
+        positions = consumer.position()
+        for partition in added:
+            self._recorded.setdefault(partition, positions[partition])
+        if set(self._starts) - set(positions):
+            self._refresh_failures += 1
+            return retry_delay(self._refresh_failures)
+        self._refresh_failures = 0
+        return REFRESH_PARTITIONS_S
+
+    def _record_ranges(self, decoded: DecodedBatch, positions: dict[int, int]) -> Ranges:
+        """The WAL record's range per partition: from where the last record ended to the
+        position after this batch, minus one (both in positions, so records are contiguous
+        across offsets without messages). A partition whose position only moved past such
+        offsets rides along with no rows. A position reset (`out_of_range = earliest`) is
+        covered by taking in the batch's own message offsets."""
+        topic = self.lane.config.topic
+        ranges: Ranges = {}
+        for partition, position in positions.items():
+            first, end = self._recorded.get(partition, position), position
+            got = decoded.ranges.get((topic, partition))
+            if got is not None:
+                first, end = min(first, got[0]), max(end, got[1] + 1)
+            if end > first:
+                ranges[(topic, partition)] = OffsetRange(first, end - 1)
+                self._recorded[partition] = end
+        return ranges
 
     def run(self, wal: Wal) -> None:
         """Consume until the pipeline stops."""
@@ -56,24 +128,21 @@ class ConsumeLane:
         assert consumer is not None
         batch_sync = lane.config.wal.fsync is FsyncPolicy.BATCH
         topic = lane.config.topic
-        next_refresh = time.monotonic() + REFRESH_PARTITIONS_S
+        next_refresh = time.monotonic()  # at once: a known partition may still be missing
         while not signals.stop.is_set():
             signals.beat()
             if not signals.gate.wait(0.2):
                 continue
             if signals.stop.is_set():
                 break
+            if time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + self._refresh(consumer)
             messages = consumer.consume(CONSUME_BATCH, POLL_TIMEOUT_S)
             self.positions, self.lag = consumer.position(), consumer.lag()
-            if time.monotonic() >= next_refresh:
-                consumer.refresh_partitions()
-                next_refresh = time.monotonic() + REFRESH_PARTITIONS_S
             if not messages:
                 continue
             decoded = self.decoder.decode(messages)
-            ranges = {
-                (t, p): OffsetRange(first, last) for (t, p), (first, last) in decoded.ranges.items()
-            }
+            ranges = self._record_ranges(decoded, self.positions)
             began = time.perf_counter()
             header, payload = encode(
                 WalBatch(lane.config.name, ranges, decoded.rows, decoded.dead_letters)
@@ -135,3 +204,12 @@ class ConsumeLane:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             consumer.close()
+
+
+def _sleep_beating(signals: Signals, seconds: float) -> None:
+    """Wait `seconds`, beating; PipelineStopped if the pipeline stops meanwhile."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        signals.beat()
+        if signals.stop.wait(min(left, 0.2)):
+            raise PipelineStopped("stopped while retrying Kafka metadata")

@@ -30,8 +30,10 @@ class KafkaRefetch:
 
     Offsets below the log start (past retention) follow `out_of_range` like consumption does:
     `fail` raises OffsetOutOfRangeError naming them; `earliest` re-reads what is left (the
-    consumer logs what was skipped). A read gives up only after `stall_s` seconds without a
-    wanted message, so a block of any size can be re-read.
+    consumer logs what was skipped). Ranges are in consumer positions: a partition is done
+    when its position passes the range's end, even if the last offsets hold no message
+    (transaction markers, compacted offsets). A read gives up only after `stall_s` seconds
+    without progress, so a block of any size can be re-read.
     """
 
     bootstrap: str
@@ -68,17 +70,31 @@ class KafkaRefetch:
         dead: list[pa.RecordBatch] = []
         try:
             consumer.assign({p: rng.first for p, rng in ranges.items()})
+            # Next offset to read per partition. A range may end in offsets that hold no
+            # message (a transaction marker, a compacted offset): a partition is done once
+            # the consumer's position passes its range, not when its last offset arrives.
             # `earliest` may have moved a start past the wanted range (all of it expired).
-            positions = consumer.position()
-            reached = {p: max(rng.first, positions.get(p, rng.first)) for p, rng in ranges.items()}
+            reached = {p: rng.first for p, rng in ranges.items()}
+            done: set[int] = set()
             deadline = time.monotonic() + self.stall_s
-            while any(reached[p] <= rng.last for p, rng in ranges.items()):
+            while True:
+                positions = consumer.position()
+                moved = False
+                for partition, rng in ranges.items():
+                    position = positions.get(partition, reached[partition])
+                    if position > reached[partition]:
+                        reached[partition], moved = position, True
+                    if reached[partition] > rng.last and partition not in done:
+                        done.add(partition)
+                        consumer.pause([partition])
+                if len(done) == len(ranges):
+                    break
+                if moved:
+                    deadline = time.monotonic() + self.stall_s
                 step()
                 if time.monotonic() > deadline:
                     short = {
-                        p: (reached[p], rng.last)
-                        for p, rng in ranges.items()
-                        if reached[p] <= rng.last
+                        p: (reached[p], rng.last) for p, rng in ranges.items() if p not in done
                     }
                     raise RefetchError(
                         f"topic {self.topic}: no wanted offset arrived for {self.stall_s:.0f} s; "
@@ -86,16 +102,11 @@ class KafkaRefetch:
                     )
                 wanted = []
                 for message in consumer.consume(10_000, 0.5):
-                    partition, offset = message.partition(), message.offset()
-                    assert partition is not None and offset is not None
-                    if offset <= ranges[partition].last:
+                    got, offset = message.partition(), message.offset()
+                    assert got is not None and offset is not None
+                    if offset <= ranges[got].last:
                         wanted.append(message)
-                        reached[partition] = offset + 1
-                    else:
-                        reached[partition] = max(reached[partition], offset)
-                        consumer.pause([partition])
                 if wanted:
-                    deadline = time.monotonic() + self.stall_s
                     decoded = decoder.decode(wanted)
                     rows.append(decoded.rows)
                     if decoded.dead_letters is not None:

@@ -45,6 +45,9 @@ class ReplayCursor:
 
     Starts from the checkpoint. A partition without a checkpoint starts at the first offset
     the WAL has for it (consumption of such a partition began at its earliest offset).
+    Record ranges are consumer positions, so records follow each other without a hole even
+    across offsets that hold no message (transaction markers, compacted offsets); a hole is
+    offsets this node never consumed.
     """
 
     next_offsets: Offsets

@@ -20,6 +20,8 @@ from hakafka.consumer import (
     ShardAssignment,
     make_decoder,
 )
+from hakafka.consumer.partition_consumer import KafkaMetadataError
+from tests.transactions import produce_transactions
 
 from .conftest import consume_until, create_topic, produce
 
@@ -148,6 +150,51 @@ def test_new_partitions_are_picked_up_without_restart(kafka, topic_prefix) -> No
         consumer.close()
 
 
+def test_known_start_offsets_wait_for_their_topic_and_are_used_when_it_appears(
+    kafka, topic_prefix
+) -> None:
+    topic = f"{topic_prefix}_later"
+    consumer = PartitionConsumer(kafka.bootstrap, topic, ShardAssignment(1, 2))
+    try:
+        # A topic with known offsets missing from metadata is a hiccup, not "no partitions".
+        with pytest.raises(KafkaMetadataError, match=rf"topic {topic} is missing from metadata"):
+            consumer.assign({1: 2, 3: 1})
+        create_topic(kafka.bootstrap, topic, 4)
+        produce(kafka.bootstrap, topic, [(i % 4, b"n%d" % i) for i in range(16)])
+        assert consumer.assign({1: 2, 3: 1}) == [1, 3]
+        got = consume_until(consumer, lambda m: len(m) >= 5, quiet=0.5)
+        assert sorted(coords(got)) == [(1, 2), (1, 3), (3, 1), (3, 2), (3, 3)]
+    finally:
+        consumer.close()
+
+
+def test_positions_pass_transaction_markers_and_aborted_records_are_never_read(
+    kafka, new_topic
+) -> None:
+    topic = new_topic(1)
+    committed = produce_transactions(
+        kafka.bootstrap,
+        topic,
+        [
+            ([(0, b"c%d" % i) for i in range(3)], True),
+            ([(0, b"aborted")] * 2, False),
+            ([(0, b"d%d" % i) for i in range(2)], True),
+        ],
+    )
+    consumer = PartitionConsumer(kafka.bootstrap, topic, [0])
+    try:
+        consumer.assign({0: 0})
+        got = consume_until(consumer, lambda m: len(m) >= 5, quiet=1.0)
+        assert coords(got) == committed
+        assert [m.value() for m in got] == [b"c0", b"c1", b"c2", b"d0", b"d1"]
+        # The next offset to read is past the last commit's marker: the log's end.
+        end = committed[-1][1] + 2
+        assert consumer.position() == {0: end} == consumer.high_watermarks()
+        assert consumer.lag() == {0: 0}
+    finally:
+        consumer.close()
+
+
 def test_offset_beyond_the_log_fails_naming_partition_and_offsets(kafka, new_topic) -> None:
     topic = new_topic(2)
     produce(kafka.bootstrap, topic, [(1, b"x")] * 5)
@@ -181,6 +228,7 @@ def test_offset_out_of_range_earliest_policy_resets_loudly_and_counts(
         consumer.assign({0: 99})
         got = consume_until(consumer, lambda m: len(m) >= 5)
         assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
+        assert consumer.position() == {0: 5}, "the position followed the reset back to 0"
         labels = {"topic": topic, "partition": "0"}
         assert registry.get_sample_value("hakafka_consumer_offset_resets_total", labels) == 1
         assert registry.get_sample_value("hakafka_consumer_skipped_offsets_total", labels) == 0

@@ -3,6 +3,7 @@ ClickHouse sink that keeps the first insert per task key, as ClickHouse does per
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import threading
@@ -22,6 +23,7 @@ from hakafka.config import Config, PipelineConfig, parse_config
 from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError, PendingIntent
+from hakafka.coordination.fenced import check_monotonic
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineParts
@@ -82,15 +84,18 @@ def decoder_for(config: PipelineConfig) -> Decoder:
 
 
 class Topic:
-    """A topic's partitions: offsets count from 0; `bad` offsets hold malformed JSON."""
+    """A topic's partitions: offsets count from 0; `bad` offsets hold malformed JSON; `gap`
+    leaves offsets without a message (transaction markers, compacted offsets)."""
 
     def __init__(self, partitions: int) -> None:
         self.logs: dict[int, list[Message]] = {p: [] for p in range(partitions)}
+        self.ends: dict[int, int] = dict.fromkeys(self.logs, 0)  # next offset per partition
 
     def produce(self, partition: int, count: int, *, bad: Iterable[int] = ()) -> None:
         log, broken = self.logs[partition], set(bad)
         for _ in range(count):
-            offset = len(log)
+            offset = self.ends[partition]
+            self.ends[partition] += 1
             value = (
                 b"{not json"
                 if offset in broken
@@ -107,11 +112,27 @@ class Topic:
                 )
             )
 
+    def gap(self, partition: int, count: int) -> None:
+        """Skip `count` offsets of `partition`: they hold no message a consumer sees."""
+        self.ends[partition] += count
+
     def end_offsets(self) -> dict[int, int]:
-        return {p: len(log) for p, log in self.logs.items()}
+        return dict(self.ends)
+
+    def offsets(self, partition: int) -> list[int]:
+        """The offsets of `partition` that hold a message."""
+        return [offset_of(m) for m in self.logs[partition]]
 
     def read(self, ranges: Mapping[int, OffsetRange]) -> list[Message]:
-        return [m for p, r in ranges.items() for m in self.logs[p][r.first : r.last + 1]]
+        return [
+            m for p, r in ranges.items() for m in self.logs[p] if r.first <= offset_of(m) <= r.last
+        ]
+
+
+def offset_of(message: Message) -> int:
+    offset = message.offset()
+    assert offset is not None
+    return offset
 
 
 class FakeConsumer:
@@ -148,21 +169,26 @@ class FakeConsumer:
         return sorted(self.next)
 
     def consume(self, num_messages: int, timeout: float) -> Sequence[Message]:
+        """Up to `batch` messages per partition; the position then passes the offsets
+        without a message up to the next message, or up to the end, as librdkafka's does."""
         time.sleep(self.delay)
         if self.paused:
             time.sleep(min(timeout, 0.01))
             return []
         out: list[Message] = []
         for p, log in self.topic.logs.items():
-            take = log[self.next[p] : self.next[p] + min(self.batch, num_messages - len(out))]
+            at = bisect.bisect_left(log, self.next[p], key=offset_of)
+            take = log[at : at + min(self.batch, num_messages - len(out))]
             out.extend(take)
-            self.next[p] += len(take)
+            rest = at + len(take)
+            end = offset_of(log[rest]) if rest < len(log) else self.topic.ends[p]
+            self.next[p] = max(self.next[p], end)
         if not out:
             time.sleep(min(timeout, 0.01))
         return out
 
     def refresh_partitions(self) -> list[int]:
-        return self.owned_partitions()
+        return []  # partitions never appear later
 
     def pause(self, partitions: Iterable[int] | None = None) -> None:
         self.paused = True
@@ -175,7 +201,7 @@ class FakeConsumer:
         return dict(self.next)
 
     def lag(self) -> dict[int, int]:
-        return {p: len(self.topic.logs[p]) - o for p, o in self.next.items()}
+        return {p: self.topic.ends[p] - o for p, o in self.next.items()}
 
     def close(self) -> None:
         self.closed = True
@@ -220,6 +246,7 @@ class FakeFenced:
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint:
         with self._lock:
             self._check(write=True)
+            check_monotonic(0, pipeline, self.checkpoint, offsets)
             for topic, parts in offsets.items():
                 self.checkpoint.setdefault(topic, {}).update(parts)
             self.pending = None
