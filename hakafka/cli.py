@@ -112,6 +112,29 @@ def _failover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _reshard(args: argparse.Namespace) -> int:
+    from hakafka.ops.cluster import connect, operator
+    from hakafka.ops.reshard import reshard
+
+    config = load(args.config)
+    with connect(config) as coordinator:
+        if args.abort:
+            ended = coordinator.reshard.abort()
+            print("reshard aborted" if ended else "no reshard in progress (nothing to do)")
+            return EXIT_OK
+        moves = reshard(
+            coordinator,
+            config,
+            by=operator(),
+            timeout=args.timeout,
+            progress=lambda line: print(line, flush=True),
+        )
+    for move in moves:
+        print(move)
+    print(f"resharded to {config.shard_count} shards: {len(moves)} checkpoints placed")
+    return EXIT_OK
+
+
 def _replace(args: argparse.Namespace) -> int:
     from hakafka.ops import replace
     from hakafka.ops.cluster import connect, operator
@@ -213,6 +236,28 @@ def _add_ops_commands(commands: Any) -> None:
     )
     _add_json(failover)
     failover.set_defaults(handler=_failover)
+
+    reshard = commands.add_parser(
+        "reshard",
+        help="move the running cluster to the shard layout of --config (shard_count, partitions)",
+        description="Every leader commits what it holds and pauses; each partition's "
+        "checkpoint moves to the shard that owns it in the new layout and the layout is "
+        "recorded, in one ZooKeeper multi-op; then nodes configured with the new layout "
+        "lead (deploy it to the nodes before or after). Prints each partition's move. "
+        "Anything short of the move aborts: the old layout consumes again. Exit 1 then.",
+    )
+    _add_config(reshard)
+    reshard.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="wait this long for every shard to drain (default 300)",
+    )
+    reshard.add_argument(
+        "--abort", action="store_true", help="end a reshard in progress without moving anything"
+    )
+    reshard.set_defaults(handler=_reshard)
 
     node = commands.add_parser("node", help="node maintenance")
     node_commands = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")

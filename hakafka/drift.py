@@ -123,8 +123,8 @@ def compare(recorded: ClusterSettings, wanted: ClusterSettings) -> list[Differen
                 "shard_count",
                 recorded.shard_count,
                 wanted.shard_count,
-                "copy each moved partition's checkpoint offset to its new shard by hand "
-                "(else it is read again from its low watermark: duplicates)",
+                "run hakafka reshard with this config (it moves each partition's checkpoint "
+                "to its new shard while the cluster runs)",
             )
         )
     if recorded.engine != wanted.engine:

@@ -26,6 +26,7 @@ from hakafka.coordination.fenced import FencedState
 from hakafka.coordination.records import (
     Checkpoint,
     ClusterSettings,
+    DrainedInfo,
     FailoverRequest,
     LeaderInfo,
     NodeInfo,
@@ -33,6 +34,7 @@ from hakafka.coordination.records import (
     PendingIntent,
     PipelineSettings,
     ReplacingInfo,
+    ReshardRequest,
     TaskRecord,
 )
 from hakafka.coordination.session import ZkConfig
@@ -43,6 +45,7 @@ __all__ = [
     "ClusterSettings",
     "CoordinationError",
     "Coordinator",
+    "DrainedInfo",
     "FailoverRefused",
     "FailoverRequest",
     "FailoverRequested",
@@ -58,6 +61,7 @@ __all__ = [
     "PendingIntent",
     "PipelineSettings",
     "ReplacingInfo",
+    "ReshardRequest",
     "Resumed",
     "SettingsStore",
     "Suspended",

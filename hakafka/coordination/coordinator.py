@@ -32,6 +32,7 @@ from hakafka.coordination.records import (
     encode_epoch,
 )
 from hakafka.coordination.registry import Registry
+from hakafka.coordination.reshard import ReshardStore
 from hakafka.coordination.session import ZkConfig, ZkSession
 
 log = structlog.get_logger("hakafka.coordination")
@@ -50,6 +51,8 @@ class Coordinator:
         self._registry = Registry(self._session)
         self.settings = SettingsStore(self._session)
         """The recorded shard-wide settings (`/settings`)."""
+        self.reshard = ReshardStore(self._session)
+        """The reshard in progress (`/reshard`) and the checkpoints it moves."""
         self._worker = SerialExecutor(f"hakafka-zk-{node_id}")
         self._notifier = SerialExecutor(f"hakafka-zk-events-{node_id}")
         self._shards: dict[int, Leadership] = {}

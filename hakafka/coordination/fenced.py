@@ -85,6 +85,18 @@ class FencedState:
         got = self._session.get(path)
         return {} if got is None else decode_checkpoint(path, got[0])
 
+    def read_other_checkpoints(self, pipeline: str) -> dict[int, Checkpoint]:
+        """`pipeline`'s checkpoints in the other shards, by shard (those that have one)."""
+        self._require_leading("read_other_checkpoints")
+        found: dict[int, Checkpoint] = {}
+        for name in self._session.children(paths.SHARDS):
+            if not name.isdigit() or int(name) == self.shard:
+                continue
+            path = paths.checkpoint(int(name), pipeline)
+            if (got := self._session.get(path)) is not None:
+                found[int(name)] = decode_checkpoint(path, got[0])
+        return found
+
     def read_pending(self, pipeline: str) -> PendingIntent | None:
         """The flush intent left by the last writer, or None."""
         self._require_leading("read_pending")

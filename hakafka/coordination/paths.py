@@ -11,6 +11,7 @@ NODES = "/nodes"
 REPLACING = "/replacing"
 SHARDS = "/shards"
 SETTINGS = "/settings"  # the shard-wide settings every node must share
+RESHARD = "/reshard"  # a reshard in progress: leaders drain and hold
 CANDIDATE_PREFIX = "n_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -75,6 +76,12 @@ def checkpoint(shard_id: int, name: str) -> str:
 
 def pending(shard_id: int, name: str) -> str:
     return f"{pipeline(shard_id, name)}/pending"
+
+
+def drained(shard_id: int) -> str:
+    """A shard's report that its leader drained for the reshard in progress."""
+    shard(shard_id)  # validates the number
+    return f"{RESHARD}/{shard_id}"
 
 
 def shard_layout(shard_id: int) -> list[str]:

@@ -228,6 +228,52 @@ class PendingIntent:
         )
 
 
+@dataclass(frozen=True)
+class ReshardRequest:
+    """A reshard in progress (`/reshard`), made against `/settings` at `settings_version`:
+    every leader drains (commits all it holds, consumes nothing) and reports it."""
+
+    by: str
+    at: float
+    settings_version: int
+    shard_count: int
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> ReshardRequest:
+        v = _load(path, raw)
+        return cls(
+            by=_field(path, v, "by", str),
+            at=float(_field(path, v, "at", (int, float))),
+            settings_version=_field(path, v, "settings_version", int),
+            shard_count=_field(path, v, "shard_count", int),
+        )
+
+
+@dataclass(frozen=True)
+class DrainedInfo:
+    """`/reshard/<shard>`: the shard's leader, in the term of fencing `token`, committed
+    everything it held and consumes nothing until the reshard ends."""
+
+    node: str
+    epoch: int
+    token: int
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> DrainedInfo:
+        v = _load(path, raw)
+        return cls(
+            node=_field(path, v, "node", str),
+            epoch=_field(path, v, "epoch", int),
+            token=_field(path, v, "token", int),
+        )
+
+
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     return _dump({t: {str(p): o for p, o in parts.items()} for t, parts in checkpoint.items()})
 

@@ -37,6 +37,7 @@ from hakafka import __version__
 from hakafka.config import Config
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.daemon.report import node_status
+from hakafka.daemon.reshard_follower import ReshardFollower
 from hakafka.daemon.settings_guard import SettingsGuard
 from hakafka.daemon.shard import ShardRunner
 from hakafka.daemon.wiring import PipelineFactory
@@ -153,6 +154,7 @@ class Daemon:
             for shard in config.shards
         ]
         self.guard = SettingsGuard(self.coordinator, config, self.runners)
+        self.reshard = ReshardFollower(self.coordinator, self.runners)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -175,6 +177,7 @@ class Daemon:
         for runner in self.runners:
             runner.start()
         self.guard.start()
+        self.reshard.start()
         log.info(
             "daemon.started",
             node=self.config.node,
@@ -200,6 +203,7 @@ class Daemon:
                 self.notifier.watchdog()
                 next_ping = now + interval
             self.guard.poll()
+            self.reshard.poll()
             self.notifier.status(self._status_line())
             self._update_pipeline_metrics()
 

@@ -17,6 +17,11 @@ A withdrawal stops the pipelines like a hand-over (a flush in flight may finish 
 grace period) and leaves the election. The shard thread keeps the wanted candidacy and
 reconciles it on every supervision tick, so a join that failed (ZooKeeper away) is retried.
 
+While a reshard is in progress (`reshard(True)`, from the daemon's `ReshardFollower`), the
+term's pipelines run in drain mode: they commit everything they hold and consume nothing;
+once all are drained the shard reports it in `/reshard/<shard>` (fenced by the term), and
+holds its leadership idle until the reshard ends (`reshard(False)`: consume again).
+
 A pipeline that fails while the term holds (the broker or ClickHouse away during recovery, a
 flush that cannot land) is restarted within the same term after a growing delay (1 s, 2 s,
 4 s, ... 30 s), as Flink's exponential-delay restart strategy does: a transient outage heals
@@ -39,6 +44,7 @@ import structlog
 from hakafka.coordination import (
     BecameLeader,
     Coordinator,
+    DrainedInfo,
     FailoverRequested,
     FencedError,
     Leadership,
@@ -49,7 +55,7 @@ from hakafka.coordination import (
     Suspended,
 )
 from hakafka.metrics import Metrics
-from hakafka.pipeline import PipelineLeader
+from hakafka.pipeline import PipelineLeader, PipelineState
 
 log = structlog.get_logger("hakafka.shard")
 
@@ -77,6 +83,13 @@ class _Candidacy:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class _Reshard:
+    """A reshard started (`active`) or ended."""
+
+    active: bool
+
+
 @dataclass
 class _Restarts:
     """Restart bookkeeping of one pipeline within one term."""
@@ -89,15 +102,16 @@ class _Restarts:
 class ShardRunner:
     """The candidacy of this node in one shard and, while leading, its pipelines.
 
-    `make_pipelines(leadership, only)` builds the pipelines of a term, unstarted: all of them,
-    or with `only` the one of that name (to restart it without touching the others).
+    `make_pipelines(leadership, only, drain)` builds the pipelines of a term, unstarted: all
+    of them, or with `only` the one of that name (to restart it without touching the others);
+    with `drain`, in drain mode (a reshard is in progress).
     """
 
     def __init__(
         self,
         shard: int,
         coordinator: Coordinator,
-        make_pipelines: Callable[[Leadership, str | None], list[PipelineLeader]],
+        make_pipelines: Callable[[Leadership, str | None, bool], list[PipelineLeader]],
         *,
         metrics: Metrics,
         flush_grace_s: float,
@@ -119,6 +133,8 @@ class ShardRunner:
         self._wanted = _Candidacy(stand=False, reason="not started")
         self.standing = False
         """True while this node is a candidate (or the leader) of the shard."""
+        self._draining = False  # a reshard is in progress: pipelines drain, then hold
+        self._drained_reported = False  # this term's drained report is in /reshard/<shard>
         self._log = log.bind(shard=shard)
 
     def start(self) -> None:
@@ -132,6 +148,10 @@ class ShardRunner:
     def withdraw(self, reason: str) -> None:
         """Stop the pipelines as for a hand-over and leave the election until `stand()`."""
         self._events.put(_Candidacy(stand=False, reason=reason))
+
+    def reshard(self, active: bool) -> None:
+        """A reshard started (`active`: drain and hold) or ended (consume again)."""
+        self._events.put(_Reshard(active))
 
     def stop(self, grace: float) -> None:
         """Stop the pipelines (a flush may finish within `grace` s) and leave the election."""
@@ -152,7 +172,9 @@ class ShardRunner:
         (a thread of it made no step for `stuck_after_s`) while leading."""
         now = time.monotonic()
         return self._thread.is_alive() and all(
-            p.status.state.live and p.stalled_for(now) < self._stuck_after for p in self.pipelines
+            (p.status.state.live or p.status.state is PipelineState.DRAINED)
+            and p.stalled_for(now) < self._stuck_after
+            for p in self.pipelines
         )
 
     def _loop(self) -> None:
@@ -167,6 +189,8 @@ class ShardRunner:
                 if isinstance(event, _Candidacy):
                     self._wanted = event
                     self._reconcile_candidacy()
+                elif isinstance(event, _Reshard):
+                    self._set_draining(event.active)
                 elif event is None:
                     self._reconcile_candidacy()
                     self._supervise(time.monotonic())
@@ -200,8 +224,9 @@ class ShardRunner:
         self._report_stuck(now)
         if self.leadership is None or self.leadership.state is not LeadershipState.LEADER:
             return  # suspended or over: the next event decides
+        self._report_drained(self.leadership)
         for index, p in enumerate(self.pipelines):
-            if p.running or not p.status.restartable:
+            if p.running or not p.status.restartable or p.status.state is PipelineState.DRAINED:
                 continue
             name = p.config.name
             restarts = self._restarts.setdefault(name, _Restarts())
@@ -221,6 +246,30 @@ class ShardRunner:
                 continue
             if not self._restart(index, restarts):
                 return
+
+    def _set_draining(self, active: bool) -> None:
+        """Restart the term's pipelines in the mode a reshard wants (shard thread only)."""
+        if active == self._draining:
+            return
+        self._draining, self._drained_reported = active, False
+        self._log.info("reshard.draining" if active else "reshard.ended")
+        leadership = self.leadership
+        if self.pipelines and leadership is not None:
+            self._stop_pipelines(HANDOVER_GRACE_S, reason="reshard")
+            if leadership.state is LeadershipState.LEADER:
+                self._start_pipelines()
+
+    def _report_drained(self, leadership: Leadership) -> None:
+        """Once every pipeline of a draining term is drained, report the shard drained."""
+        if not self._draining or self._drained_reported or not self.pipelines:
+            return
+        if any(p.status.state is not PipelineState.DRAINED for p in self.pipelines):
+            return
+        epoch, token = leadership.epoch, leadership.token
+        assert epoch is not None and token is not None
+        info = DrainedInfo(self._coordinator.node_id, epoch, token)
+        self._coordinator.reshard.mark_drained(self.shard, info)
+        self._drained_reported = True
 
     def _report_stuck(self, now: float) -> None:
         """One `pipeline.stuck` event when a pipeline makes no progress for `stuck_after` (a hung
@@ -248,7 +297,7 @@ class ShardRunner:
         failed = self.pipelines[index]
         failed.stop(0.0)
         try:
-            (pipeline,) = self._make_pipelines(self.leadership, failed.config.name)
+            (pipeline,) = self._make_pipelines(self.leadership, failed.config.name, self._draining)
         except FencedError as exc:
             self._log.warning("leader.term_already_over", error=str(exc))
             return False
@@ -273,6 +322,7 @@ class ShardRunner:
             self._metrics.leader.labels(**labels).set(1)
             self._metrics.epoch.labels(**labels).set(event.epoch)
             self._stop_pipelines(0.0, reason="new term")
+            self._drained_reported = False
             self._start_pipelines()
         elif isinstance(event, Suspended):
             self._log.warning("leader.suspended")
@@ -305,7 +355,7 @@ class ShardRunner:
             # A Spark session takes seconds to start: begin now, not at the first flush.
             threading.Thread(target=self._warm_up, name="spark-warm-up", daemon=True).start()
         try:
-            pipelines = self._make_pipelines(self.leadership, None)
+            pipelines = self._make_pipelines(self.leadership, None, self._draining)
         except FencedError as exc:  # the term ended before we got to it: its loss event follows
             self._log.warning("leader.term_already_over", error=str(exc))
             return

@@ -60,10 +60,13 @@ class PipelineFactory:
             for schema in (pipeline_schema(p),)
         ]
 
-    def for_shard(self, shard: int) -> Callable[[Leadership, str | None], list[PipelineLeader]]:
-        """`make(leadership, only)`: the term's pipelines, or with `only` the one so named."""
+    def for_shard(
+        self, shard: int
+    ) -> Callable[[Leadership, str | None, bool], list[PipelineLeader]]:
+        """`make(leadership, only, drain)`: the term's pipelines, or with `only` the one so
+        named; with `drain`, in drain mode."""
 
-        def make(leadership: Leadership, only: str | None) -> list[PipelineLeader]:
+        def make(leadership: Leadership, only: str | None, drain: bool) -> list[PipelineLeader]:
             fenced = leadership.fenced()  # one token for the whole term
             return [
                 PipelineLeader(
@@ -76,6 +79,7 @@ class PipelineFactory:
                     catalog=self.catalog,
                     metrics=self.metrics,
                     crash=self.crash,
+                    drain=drain,
                 )
                 for p in self._pipelines
                 if only is None or p.config.name == only

@@ -88,8 +88,7 @@ class FlushLane:
                 signals.check_stop("stopped")
                 draining = signals.draining.is_set()
                 if not signals.gate.is_set() or not (
-                    draining
-                    or should_flush(self.thresholds, lane.buffer.stats(), time.monotonic())
+                    draining or should_flush(self.thresholds, lane.buffer.stats(), time.monotonic())
                 ):
                     continue
                 block = lane.buffer.seal()
@@ -98,7 +97,7 @@ class FlushLane:
                     self.flush_and_commit(planned, intent_written=False)
                 elif draining:
                     self.drained = True
-                    lane.log.info("pipeline.drained", checkpoint=self.checkpoint)
+                    lane.log.info("flush.drained", checkpoint=self.checkpoint)
                     return
         except (PipelineStopped, FencedError) as exc:
             lane.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)

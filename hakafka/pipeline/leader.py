@@ -35,7 +35,7 @@ from buffer import Catalog, OffsetRange
 from hakafka.config import PipelineConfig
 from hakafka.consumer import DecodeError, Decoder, ShardAssignment
 from hakafka.consumer.schema import dead_letter_arrow_schema
-from hakafka.coordination import FencedError
+from hakafka.coordination import Checkpoint, FencedError
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
@@ -62,6 +62,10 @@ from hakafka.settings import thresholds_of
 log = structlog.get_logger("hakafka.pipeline")
 
 JOIN_TIMEOUT_S = 10.0
+
+
+class LayoutError(Exception):
+    """This shard owns a partition whose checkpoint is in another shard."""
 
 
 class PipelineLeader:
@@ -236,7 +240,7 @@ class PipelineLeader:
         except Exception as exc:
             status = self.status
             status.error = f"{type(exc).__name__}: {exc}"
-            status.restartable = not isinstance(exc, (DecodeError, SchemaChangeError))
+            status.restartable = not isinstance(exc, (DecodeError, SchemaChangeError, LayoutError))
             status.enter(
                 PipelineState.FAILED, self._log, error=status.error, restartable=status.restartable
             )
@@ -296,6 +300,7 @@ class PipelineLeader:
             pending=None if pending is None else pending.block_id,
             epoch=fenced.epoch,
         )
+        self._check_layout(fenced.read_other_checkpoints(name))
         starts = dict(self._flush.checkpoint)
         if pending is not None:
             wanted = pending_ranges(pending, topic)
@@ -304,6 +309,20 @@ class PipelineLeader:
             )
             starts.update({p: rng.last + 1 for p, rng in wanted.items()})
         return starts
+
+    def _check_layout(self, elsewhere: dict[int, Checkpoint]) -> None:
+        """LayoutError if a partition this shard owns has no checkpoint here but one in
+        another shard: it would be read again from its low watermark (duplicates)."""
+        topic, mine = self.config.topic, self._flush.checkpoint
+        for shard, checkpoint in sorted(elsewhere.items()):
+            for partition, offset in sorted(checkpoint_offsets(checkpoint, topic).items()):
+                if partition not in mine and self.assignment.select([partition]):
+                    raise LayoutError(
+                        f"partition {partition} of {topic} belongs to shard {self.shard} in "
+                        f"this config, but its checkpoint ({offset}) is in shard {shard}: the "
+                        "layout changed without `hakafka reshard`, which moves checkpoints; "
+                        "restore the recorded layout, then run hakafka reshard with this one"
+                    )
 
     def _pending_from_wal(
         self, wal: Wal, block_id: str, wanted: dict[int, OffsetRange]

@@ -1,8 +1,11 @@
 """ShardRunner's supervision of its pipelines, with in-memory pipeline parts and a stand-in
-leadership (no ZooKeeper): a pipeline that fails to start is replaced, not counted healthy."""
+leadership and coordinator (no ZooKeeper): a pipeline that fails to start is replaced, not
+counted healthy; during a reshard the term's pipelines drain, the shard reports it, and they
+consume again when it ends."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from buffer import MemoryTable
-from hakafka.coordination import BecameLeader, Coordinator, Leadership, LeadershipState
+from hakafka.coordination import (
+    BecameLeader,
+    Coordinator,
+    DrainedInfo,
+    Leadership,
+    LeadershipState,
+)
 from hakafka.daemon.shard import ShardRunner, restart_delay
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineState
@@ -25,6 +34,8 @@ class StandInLeadership:
 
     state: LeadershipState = LeadershipState.LEADER
     status: str = "elected"
+    epoch: int = 1
+    token: int = 1
 
     def fenced(self) -> object:
         return None
@@ -33,19 +44,37 @@ class StandInLeadership:
         self.status = status
 
 
+@dataclass
+class StandInReshard:
+    """Records the drained reports (`/reshard/<shard>`)."""
+
+    reports: list[tuple[int, DrainedInfo]]
+
+    def mark_drained(self, shard: int, info: DrainedInfo) -> bool:
+        self.reports.append((shard, info))
+        return True
+
+
+@dataclass
+class StandInCoordinator:
+    node_id: str
+    reshard: StandInReshard
+
+
 @pytest.fixture
 def runner(tmp_path: Path) -> Iterator[tuple[ShardRunner, Harness]]:
     h = Harness(tmp_path, pipeline_config(), Topic(partitions=1))
     made: list[PipelineLeader] = []
 
-    def make(_leadership: Leadership, only: str | None) -> list[PipelineLeader]:
+    def make(_leadership: Leadership, only: str | None, drain: bool) -> list[PipelineLeader]:
         h.wal_dir_name = f"wal-{len(made)}"  # a stopped pipeline may still hold its WAL
-        made.append(h.leader())
+        made.append(h.leader(drain=drain))
         return [made[-1]]
 
     shard = ShardRunner(
         0,
-        cast(Coordinator, None),  # not reached: no election here
+        # No election here: only the drained reports reach the coordinator.
+        cast(Coordinator, StandInCoordinator("n1", StandInReshard([]))),
         make,
         metrics=Metrics.create(registry=CollectorRegistry()),
         flush_grace_s=1.0,
@@ -89,3 +118,43 @@ def test_a_pipeline_that_failed_to_start_is_replaced(
     assert second is not first and second.status.restarts >= 1
     assert shard.healthy()
     wait_for(lambda: cast(StandInLeadership, shard.leadership).status == "consuming", "announce")
+
+
+def test_a_reshard_drains_the_term_reports_it_and_its_end_resumes_consuming(
+    runner: tuple[ShardRunner, Harness],
+) -> None:
+    shard, h = runner
+    made: list[PipelineLeader] = []
+
+    def make(_leadership: Leadership, only: str | None, drain: bool) -> list[PipelineLeader]:
+        made.append(h.leader(drain=drain))  # one WAL: each stops cleanly before the next
+        return [made[-1]]
+
+    shard._make_pipelines = make
+    h.topic.produce(0, 30)
+    shard._thread.start()
+    shard._events.put(BecameLeader(epoch=1, token=1))
+    wait_for(lambda: h.fenced.checkpoint.get("events") == {0: 30}, "the first block committed")
+    h.topic.produce(0, 20)
+    wait_for(lambda: bool(shard.pipelines) and shard.pipelines[0].positions() == {0: 50}, "more")
+    shard.reshard(True)
+    wait_for(
+        lambda: bool(shard.pipelines) and shard.pipelines[0].status.state is PipelineState.DRAINED,
+        "the term's pipeline drained",
+    )
+    reshard = cast(Any, shard._coordinator).reshard
+    wait_for(lambda: bool(reshard.reports), "the drained report")
+    assert reshard.reports == [(0, DrainedInfo("n1", 1, 1))]
+    assert h.fenced.checkpoint["events"] == {0: 50} and h.fenced.pending is None
+    drained = shard.pipelines[0]
+    h.topic.produce(0, 10)  # not read while the reshard lasts, and the shard stays healthy
+    time.sleep(1.2)  # two supervision ticks: a drained pipeline is not restarted
+    assert shard.pipelines == [drained] and shard.healthy()
+    assert h.fenced.checkpoint["events"] == {0: 50}
+    shard.reshard(False)
+    wait_for(lambda: h.fenced.checkpoint.get("events") == {0: 60}, "consuming again")
+    assert shard.pipelines[0].status.state is PipelineState.CONSUMING
+    assert len(reshard.reports) == 1
+    shard.stop(0.0)
+    for p in made:
+        p.stop(0.0)

@@ -214,6 +214,7 @@ class FakeFenced:
         self.epoch = epoch
         self.checkpoint: Checkpoint = {}
         self.pending: PendingIntent | None = None
+        self.others: dict[int, Checkpoint] = {}  # the checkpoints of other shards
         self.fenced = False
         self.refuse_writes = False  # as while the ZooKeeper connection is suspended
         self.commits = 0
@@ -223,6 +224,7 @@ class FakeFenced:
         """The same state seen by the next leader."""
         following = FakeFenced(self.epoch + 1)
         following.checkpoint, following.pending = self.checkpoint, self.pending
+        following.others = self.others
         return following
 
     def _check(self, write: bool = False) -> None:
@@ -232,6 +234,10 @@ class FakeFenced:
     def read_checkpoint(self, pipeline: str) -> Checkpoint:
         self._check()
         return {t: dict(o) for t, o in self.checkpoint.items()}
+
+    def read_other_checkpoints(self, pipeline: str) -> dict[int, Checkpoint]:
+        self._check()
+        return {s: {t: dict(o) for t, o in cp.items()} for s, cp in self.others.items()}
 
     def read_pending(self, pipeline: str) -> PendingIntent | None:
         self._check()

@@ -83,3 +83,24 @@ def test_replay_skips_partitions_an_earlier_layout_left_in_the_wal(
     second = start(h, leaders)
     assert second.wait_consuming(5.0)
     assert second.status.replayed_rows == 20
+
+
+def test_a_partition_whose_checkpoint_is_in_another_shard_is_not_read_from_the_start(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # The layout changed by hand (one shard, was two): partition 1's checkpoint is still in
+    # shard 1. Reading it from its low watermark would write its rows again.
+    topic = Topic(partitions=2)
+    topic.produce(0, 10)
+    topic.produce(1, 10)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.fenced.checkpoint = {TOPIC: {0: 5}}
+    h.fenced.others = {1: {TOPIC: {1: 7}}}
+    leader = start(h, leaders)
+    wait_for(lambda: leader.status.state is PipelineState.FAILED, "the refusal")
+    assert (
+        "partition 1 of events belongs to shard 0 in this config, but its checkpoint (7) is in "
+        "shard 1: the layout changed without `hakafka reshard`"
+    ) in (leader.status.error or "")
+    assert not leader.status.restartable
+    assert h.consumers == [] and h.sink.attempts == 0

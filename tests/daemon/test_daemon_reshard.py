@@ -1,0 +1,154 @@
+"""`hakafka reshard` from two shards to three while data flows: `hakafka run` processes on the
+real local stack. Every produced offset lands in ClickHouse exactly once, and no partition is
+read by two leaders (the old layout's leader stopped reading before the new one began)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from devstack.chaos import _unix, log_events
+from devstack.cluster import LocalCluster, StackEndpoints
+from devstack.process import wait_until
+from devstack.records import Produced, create_topic, produce, tally
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+PARTITIONS = 6
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text, made = re.subn(old, new, path.read_text(), flags=re.M)
+    assert made == 1, f"{path.name}: {old!r} matched {made} times"
+    path.write_text(text)
+
+
+def hakafka(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hakafka.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+class Load:
+    """Produces 600 records every 0.2 s (about 3,000 a second) over the topic's partitions
+    until stopped; `produced` holds the offsets of every record."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.produced = Produced()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(bootstrap, topic), name="test-load", daemon=True
+        )
+
+    def _run(self, bootstrap: str, topic: str) -> None:
+        start = 0
+        while not self._stop.wait(0.2):
+            self.produced |= produce(bootstrap, topic, 600, partitions=PARTITIONS, start=start)
+            start += 600
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        assert not self._thread.is_alive(), "the producer did not stop"
+
+
+def checkpoints(stack: StackEndpoints, zk_root: str, shards: int) -> dict[int, dict[int, int]]:
+    """shard -> {partition: next offset} of pipeline `events`."""
+    import json
+
+    zk = KazooClient(hosts=stack.zookeeper)
+    zk.start(timeout=10)
+    try:
+        found: dict[int, dict[int, int]] = {}
+        for shard in range(shards):
+            path = f"{zk_root}/shards/{shard}/pipelines/events/checkpoint"
+            if zk.exists(path):
+                (topic,) = json.loads(zk.get(path)[0]).values()
+                found[shard] = {int(p): int(o) for p, o in topic.items()}
+        return found
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, zk_root: str, ch_client: Any
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    cluster: LocalCluster = make_cluster({"n1": [0, 1], "n2": [0, 1]})
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    # n2 is deployed with the new layout already: it waits (its settings differ from the
+    # record) until the reshard records them.
+    edit(n2.config_path, r"^shard_count = 2$", "shard_count = 3")
+    edit(n2.config_path, r"^shards = \[0, 1\]$", "shards = [0, 1, 2]")
+    edit(
+        n2.config_path,
+        r"^(\[clickhouse\.replicas\.1\]\n(?:.+\n)+)",
+        f'\\1\n[clickhouse.replicas.2]\nn2 = "{stack.clickhouse}"\n',
+    )
+    initialized = hakafka("init", "--config", str(n1.config_path))
+    assert initialized.returncode == 0, initialized.stderr
+    cluster.start()
+    assert cluster.wait_leaders([0, 1]) == {0: "n1", 1: "n1"}
+    load = Load(stack.kafka, topic)
+    load.start()
+    try:
+        wait_until(
+            lambda: len(checkpoints(stack, zk_root, 2)) == 2, timeout=90, what="both shards flushed"
+        )
+        requested = time.time()
+        resharded = hakafka("reshard", "--config", str(n2.config_path), "--timeout", "120")
+        assert resharded.returncode == 0, resharded.stdout + resharded.stderr
+        assert "resharded to 3 shards" in resharded.stdout
+        assert "shard 0: drained by n1" in resharded.stdout
+        assert cluster.wait_leaders([0, 1, 2]) == {0: "n2", 1: "n2", 2: "n2"}
+        time.sleep(3.0)  # the new layout consumes under load too
+    finally:
+        load.stop()
+    produced = load.produced.good
+    assert len(produced) >= 6_000
+    wait_until(
+        lambda: tally(ch_client, "events", produced).missing == 0,
+        timeout=120,
+        what="every produced record in ClickHouse",
+    )
+    result = tally(ch_client, "events", produced)
+    assert result.exactly_once, result
+    # Every partition's checkpoint is in the one shard that owns it now, at its end.
+    ends: dict[int, int] = {}
+    for p, o in produced:
+        ends[p] = max(ends.get(p, 0), o + 1)
+    assert checkpoints(stack, zk_root, 3) == {
+        s: {p: ends[p] for p in range(PARTITIONS) if p % 3 == s} for s in range(3)
+    }
+    # No partition was read by two leaders: n1's last read ended before n2's first began.
+    n1_stopped = [
+        _unix(e["timestamp"])
+        for e in log_events(n1.log_path, ["pipeline.stopped_by_shard"])
+        if e.get("reason") == "reshard"
+    ]
+    n2_reads = [_unix(e["timestamp"]) for e in log_events(n2.log_path, ["consumer.assigned"])]
+    assert n1_stopped and n2_reads
+    assert max(n1_stopped) < min(n2_reads)
+    assert min(n2_reads) > requested
+    assert not [
+        e
+        for e in log_events(n1.log_path, ["consumer.assigned"])
+        if _unix(e["timestamp"]) > requested
+    ]
