@@ -449,3 +449,12 @@ def _registry() -> Any:
     from prometheus_client import CollectorRegistry
 
     return CollectorRegistry()
+
+
+def start(h: Harness, leaders: list[PipelineLeader], *, drain: bool = False) -> PipelineLeader:
+    """Start a leader of `h`'s current term (in drain mode with `drain`); `leaders` (the
+    fixture) stops it after the test."""
+    leader = h.leader(drain=drain)
+    leaders.append(leader)
+    leader.start()
+    return leader

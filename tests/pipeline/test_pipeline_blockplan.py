@@ -8,7 +8,6 @@ pipeline stops naming the block. In-memory parts (tests/pipeline/fakes.py).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,22 +15,15 @@ import pytest
 from hakafka.config import Config
 from hakafka.coordination import PendingIntent
 from hakafka.pipeline import PipelineLeader, PipelineState
-from tests.pipeline.fakes import TOPIC, Harness, Topic, one_partition, pipeline_config, wait_for
-
-
-@pytest.fixture
-def leaders() -> Iterator[list[PipelineLeader]]:
-    started: list[PipelineLeader] = []
-    yield started
-    for leader in started:
-        leader.stop(0.0)
-
-
-def start(h: Harness, leaders: list[PipelineLeader]) -> PipelineLeader:
-    leader = h.leader()
-    leaders.append(leader)
-    leader.start()
-    return leader
+from tests.pipeline.fakes import (
+    TOPIC,
+    Harness,
+    Topic,
+    one_partition,
+    pipeline_config,
+    start,
+    wait_for,
+)
 
 
 def with_rows_per_task(config: Config, rows_per_task: int) -> Config:

@@ -8,28 +8,10 @@ under an earlier layout replays only the partitions its shard owns now. In-memor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from hakafka.pipeline import PipelineLeader, PipelineState
-from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, wait_for
-
-
-@pytest.fixture
-def leaders() -> Iterator[list[PipelineLeader]]:
-    started: list[PipelineLeader] = []
-    yield started
-    for leader in started:
-        leader.stop(0.0)
-
-
-def start(h: Harness, leaders: list[PipelineLeader], *, drain: bool = False) -> PipelineLeader:
-    leader = h.leader(drain=drain)
-    leaders.append(leader)
-    leader.start()
-    return leader
+from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, start, wait_for
 
 
 def test_a_draining_leader_commits_the_pending_block_and_its_wal_then_ends(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,24 +25,9 @@ from tests.pipeline.fakes import (
     decoder_rows,
     one_partition,
     pipeline_config,
+    start,
     wait_for,
 )
-
-
-@pytest.fixture
-def leaders() -> Iterator[list[PipelineLeader]]:
-    """Leaders a test started; each is stopped at the end, also when the test fails."""
-    started: list[PipelineLeader] = []
-    yield started
-    for leader in started:
-        leader.stop(0.0)
-
-
-def start(harness: Harness, leaders: list[PipelineLeader]) -> PipelineLeader:
-    leader = harness.leader()
-    leaders.append(leader)
-    leader.start()
-    return leader
 
 
 def insert_then_lose_the_term(

@@ -9,11 +9,9 @@ from pathlib import Path
 from buffer import OffsetRange
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.replay import record_ranges
-from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, wait_for
-from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term, leaders, start
+from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, start, wait_for
+from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term
 from wal import WriteAheadLog
-
-__all__ = ["leaders"]  # the fixture, used by name
 
 
 def every_message(topic: Topic) -> list[tuple[int, int]]:

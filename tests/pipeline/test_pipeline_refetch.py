@@ -24,12 +24,11 @@ from tests.pipeline.fakes import (
     decoder_for,
     one_partition,
     pipeline_config,
+    start,
     wait_for,
 )
-from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term, leaders, start
+from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term
 from tests.transactions import produce_transactions
-
-__all__ = ["leaders"]  # the fixture, used by name
 
 
 def refetch_over(consumer: FakeConsumer, stall_s: float) -> KafkaRefetch:

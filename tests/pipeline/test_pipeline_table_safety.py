@@ -3,7 +3,6 @@ instead of being retried in the flush lane as if ClickHouse were away (in-memory
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from hakafka.pipeline import PipelineLeader, PipelineState
 from spark_bridge.replicas import Replica
 from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
-from tests.pipeline.fakes import FakeSink, one_partition, wait_for
+from tests.pipeline.fakes import FakeSink, one_partition, start, wait_for
 
 UNSAFE = UnsafeTableError(
     "db.events",
@@ -36,14 +35,6 @@ class RefusingSink(FakeSink):
         raise self.refusal
 
 
-@pytest.fixture
-def leaders() -> Iterator[list[PipelineLeader]]:
-    started: list[PipelineLeader] = []
-    yield started
-    for leader in started:
-        leader.stop(0.0)
-
-
 @pytest.mark.parametrize("refusal", [UNSAFE, MISMATCH], ids=["unsafe", "schema"])
 def test_a_refused_table_fails_the_pipeline_with_its_fix_and_flushes_nothing(
     tmp_path: Path,
@@ -55,9 +46,7 @@ def test_a_refused_table_fails_the_pipeline_with_its_fix_and_flushes_nothing(
     monkeypatch.setattr("hakafka.pipeline.flush.BACKOFF_INITIAL_S", 0.01)
     _topic, h = one_partition(tmp_path, 40)
     h.sink = RefusingSink(refusal=refusal)
-    leader = h.leader()
-    leaders.append(leader)
-    leader.start()
+    leader = start(h, leaders)
     wait_for(lambda: not leader.running, "the pipeline to fail on the refused table")
     assert leader.status.state is PipelineState.FAILED
     assert leader.status.error == f"{type(refusal).__name__}: {refusal}"
