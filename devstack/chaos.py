@@ -7,8 +7,11 @@ for a while, mark and clear a node's replacement, ask for failovers and, where a
 a `NetworkNamespace` of its own (root and iproute2 needed), cut its veth link so it is really
 partitioned from ZooKeeper, the broker and ClickHouse. Every fault ends by
 itself (a stopped process is continued, a stopped service started again) and `heal` brings
-back anything still down. The seed comes from `CHAOS_SEED` when set, so a run can be replayed
-(the schedule is the same; timing on a busy machine is not).
+back anything still down. With a `ReshardPlan`, the driver also reshards the running cluster
+between two faults (`hakafka reshard` with the new layout, then every node restarted with
+its new config from `LocalCluster.layout_configs`) and records the attempt. The seed comes
+from `CHAOS_SEED` when set, so a run can be replayed (the schedule is the same; timing on a
+busy machine is not).
 
 `LeadershipWatcher` records every change of `shards/<s>/leader` from its own ZooKeeper
 session. `commit_violations` reads each daemon's JSON log for `fenced.checkpoint_committed`
@@ -16,7 +19,10 @@ and says whether two nodes ever committed for the same shard and epoch or a shar
 went backwards; `verify_wals` runs `python -m wal verify` on every WAL directory.
 `election_timings` reads, for every `leader.elected` of every daemon, how long it took until
 that node's `leader.consuming` for the shard (or why it never got there); `consuming_summary`
-is the distribution the run prints and `too_slow` what fails the long run.
+is the distribution the run prints and `too_slow` what fails the long run. `flush_report`
+reads every committed block's task count and every re-flush with the node that wrote the
+intent it followed (`fenced.pending_written`), so the run can show blocks of several tasks
+and re-flushes across nodes of different `rows_per_task`, each in the writer's task count.
 `python -m devstack.chaos forward LHOST:LPORT=THOST:TPORT ...` is the TCP forwarder
 that carries a namespaced daemon's traffic to the services on 127.0.0.1.
 
@@ -44,7 +50,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -251,6 +257,161 @@ def read_commits(logs: Mapping[str, LogFiles]) -> list[Commit]:
         for e in log_events(files, ["fenced.checkpoint_committed"])
     ]
     return sorted(commits, key=lambda c: c.at)
+
+
+# -- flush plans: blocks of several tasks, re-flushes across rows_per_task ---------------------
+
+
+def configured_rows_per_task(config_paths: Mapping[str, Path]) -> dict[str, int]:
+    """node name -> its `[spark] rows_per_task`, read from its config as the daemon reads it."""
+    return {node: load_config(p).spark.rows_per_task for node, p in config_paths.items()}
+
+
+def planned_tasks(rows: int, rows_per_task: int) -> int:
+    """How many tasks a block of `rows` rows gets when planned with `rows_per_task`
+    (`pipeline.blockplan`: ceil(rows / rows_per_task); a block without rows is one task)."""
+    return max(1, math.ceil(rows / rows_per_task))
+
+
+@dataclass(frozen=True)
+class BlockCommit:
+    """One `flush.committed` of a daemon's log: the block, its rows and its flush tasks."""
+
+    at: float
+    node: str
+    shard: int
+    block: str
+    rows: int
+    tasks: int
+
+
+@dataclass(frozen=True)
+class Reflush:
+    """One `pending.reflush` of `node`: the block it flushed again, who wrote the intent it
+    followed (the node whose `fenced.pending_written` of that shard and block came last
+    before it; None when no log says), both nodes' `rows_per_task`, and the tasks of its
+    `flush.committed` (None: this re-flush never committed, e.g. abandoned)."""
+
+    at: float
+    node: str
+    shard: int
+    block: str
+    rows: int
+    rows_per_task: int
+    writer: str | None
+    writer_rows_per_task: int | None
+    committed_tasks: int | None
+
+    @property
+    def across(self) -> bool:
+        """The re-flushing node's rows_per_task differs from the intent writer's."""
+        return self.writer_rows_per_task not in (None, self.rows_per_task)
+
+    @property
+    def off_plan(self) -> bool:
+        """It committed a task count other than its writer planned: it planned again."""
+        if self.writer_rows_per_task is None or self.committed_tasks is None:
+            return False
+        return self.committed_tasks != planned_tasks(self.rows, self.writer_rows_per_task)
+
+    def describe(self) -> str:
+        writer = self.writer or "?"
+        return (
+            f"{self.node} shard {self.shard} block {self.block} ({self.rows} rows, "
+            f"rows_per_task {self.rows_per_task}) written by {writer} (rows_per_task "
+            f"{self.writer_rows_per_task}): committed in {self.committed_tasks} tasks"
+        )
+
+
+@dataclass(frozen=True)
+class FlushReport:
+    """Every block commit and every re-flush of a run, from the daemons' logs."""
+
+    commits: tuple[BlockCommit, ...]
+    reflushes: tuple[Reflush, ...]
+
+    def wide(self, tasks: int = 3) -> list[BlockCommit]:
+        """The committed blocks of at least `tasks` tasks."""
+        return [c for c in self.commits if c.tasks >= tasks]
+
+    def off_plan(self) -> list[str]:
+        """Re-flushes that did not follow their intent's plan (must be none)."""
+        return [r.describe() for r in self.reflushes if r.off_plan]
+
+    def summary(self) -> str:
+        """One line: blocks by task count, the largest, and the re-flushes across nodes of
+        different rows_per_task (committed ones: in the writer's task count, and how many of
+        them their own rows_per_task would have cut otherwise)."""
+        by_tasks: dict[int, int] = {}
+        for c in self.commits:
+            by_tasks[c.tasks] = by_tasks.get(c.tasks, 0) + 1
+        largest = max(self.commits, key=lambda c: (c.rows, c.tasks), default=None)
+        across = [r for r in self.reflushes if r.across]
+        done = [r for r in across if r.committed_tasks is not None]
+        telling = [
+            r
+            for r in done
+            if planned_tasks(r.rows, r.rows_per_task)
+            != planned_tasks(r.rows, r.writer_rows_per_task or r.rows_per_task)
+        ]
+        return (
+            f"blocks committed: {len(self.commits)}, by tasks "
+            f"{dict(sorted(by_tasks.items()))}, with >= 3 tasks: {len(self.wide())}"
+            + ("" if largest is None else f", largest {largest.rows} rows in {largest.tasks}")
+            + f"; re-flushes: {len(self.reflushes)} (intent writer unknown: "
+            f"{sum(r.writer is None for r in self.reflushes)}), on a node with another "
+            f"rows_per_task than the writer: {len(across)}, committed {len(done)}, in the "
+            f"writer's task count {sum(not r.off_plan for r in done)}, where their own "
+            f"rows_per_task would have cut otherwise {len(telling)}"
+        )
+
+
+def flush_report(logs: Mapping[str, LogFiles], rows_per_task: Mapping[str, int]) -> FlushReport:
+    """The `FlushReport` of `logs` (node name -> its log files) for nodes configured with
+    `rows_per_task` (node name -> value). A re-flush is matched to the first
+    `flush.committed` of its block on its node and shard before that node re-flushes the
+    block again."""
+    events = sorted(
+        (
+            (_unix(e["timestamp"]), node, e)
+            for node, files in logs.items()
+            for e in log_events(
+                files, ["fenced.pending_written", "pending.reflush", "flush.committed"]
+            )
+            if isinstance(e.get("timestamp"), str)
+        ),
+        key=lambda item: item[0],
+    )
+    writers: dict[tuple[int, str], str] = {}  # (shard, block) -> its last writer so far
+    open_: dict[tuple[str, int, str], int] = {}  # (node, shard, block) -> index in reflushes
+    commits: list[BlockCommit] = []
+    reflushes: list[Reflush] = []
+    for at, node, e in events:
+        shard, block = int(e["shard"]), str(e["block"])
+        key = (node, shard, block)
+        if e["event"] == "fenced.pending_written":
+            writers[(shard, block)] = node
+        elif e["event"] == "pending.reflush":
+            writer = writers.get((shard, block))
+            open_[key] = len(reflushes)
+            reflushes.append(
+                Reflush(
+                    at,
+                    node,
+                    shard,
+                    block,
+                    int(e["rows"]),
+                    rows_per_task[node],
+                    writer,
+                    None if writer is None else rows_per_task[writer],
+                    None,
+                )
+            )
+        else:
+            commits.append(BlockCommit(at, node, shard, block, int(e["rows"]), int(e["tasks"])))
+            if (i := open_.pop(key, None)) is not None:
+                reflushes[i] = replace(reflushes[i], committed_tasks=int(e["tasks"]))
+    return FlushReport(tuple(commits), tuple(reflushes))
 
 
 # -- election -> consuming ----------------------------------------------------------------------
@@ -732,6 +893,50 @@ class Partition:
     commits_while_cut: tuple[Commit, ...]
 
 
+@dataclass(frozen=True)
+class ReshardPlan:
+    """A reshard in the fault schedule: once `after` faults were applied, move the running
+    cluster to `layout` (node -> its shards) of `shard_count` shards; a failed attempt is
+    tried once more `retry_after` faults later. `timeout` is `hakafka reshard --timeout`
+    (the drain); `consuming_timeout` bounds the wait for the new layout's leaders."""
+
+    after: int
+    layout: Mapping[str, Sequence[int]]
+    shard_count: int
+    timeout: float = 90.0
+    retry_after: int = 3
+    consuming_timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class ReshardAttempt:
+    """One `hakafka reshard` of the run: when it was requested (seconds into the run),
+    whether the command moved the layout (`resharded`), the partitions it moved (its lines
+    `<pipeline>: partition P at offset O: shard A -> shard B`), and `seconds` from the
+    request until every shard of the new layout had a consuming leader (None: not within
+    the plan's bound, or the command failed); `detail` says what went wrong."""
+
+    at: float
+    resharded: bool
+    moves: tuple[str, ...]
+    seconds: float | None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.resharded and self.seconds is not None
+
+    def describe(self) -> str:
+        if not self.resharded:
+            return f"t={self.at:.1f}s FAILED, the old layout consumes again: {self.detail}"
+        took = (
+            f"request -> every shard consuming {self.seconds:.1f} s"
+            if self.seconds is not None
+            else f"NOT every shard consuming: {self.detail}"
+        )
+        return f"t={self.at:.1f}s resharded, {took}; moved: {'; '.join(self.moves) or 'none'}"
+
+
 class ChaosDriver:
     """Applies a seeded schedule of bounded faults to `targets`; `faults` is the record."""
 
@@ -751,6 +956,7 @@ class ChaosDriver:
         self.faults: list[Fault] = []
         self.unplanned_exits: list[str] = []
         self.partitions: list[Partition] = []
+        self.reshards: list[ReshardAttempt] = []
         self.kinds = KINDS + (("partition_node",) if targets.netns is not None else ())
         self._began = time.monotonic()
         self._deck: list[str] = []
@@ -765,22 +971,43 @@ class ChaosDriver:
             "partition_node": self._partition_node,
         }
 
-    def run(self, count: int, *, gap: tuple[float, float], deadline: float) -> list[Fault]:
+    def run(
+        self,
+        count: int,
+        *,
+        gap: tuple[float, float],
+        deadline: float,
+        reshard: ReshardPlan | None = None,
+    ) -> list[Fault]:
         """Apply faults until `count` of them were applied (refused or skipped ones do not
         count; at most 2 x `count` tries), with a pause of `gap` seconds before each; stop
-        early at `deadline` (time.monotonic()). Returns every fault tried by this call."""
+        early at `deadline` (time.monotonic()). With `reshard`, the cluster is resharded
+        between two faults once `reshard.after` were applied (or when the schedule ends
+        before), and a failed attempt once more `reshard.retry_after` faults later
+        (`reshards` records them). Returns every fault tried by this call."""
         tried: list[Fault] = []
         applied = 0
+        due = None if reshard is None else reshard.after
         while applied < count and len(tried) < 2 * count:
             if time.monotonic() >= deadline:
                 self.say(f"chaos: deadline reached after {applied} applied faults")
                 break
+            if reshard is not None and due is not None and applied >= due:
+                due = self._attempt_reshard(reshard, applied)
             time.sleep(self.rng.uniform(*gap))
             self._restart_unplanned_exits()
             fault = self.apply(self._next_kind())
             tried.append(fault)
             applied += fault.outcome.startswith("applied")
+        if reshard is not None and due is not None:  # the schedule ended first
+            self._attempt_reshard(reshard, applied)
         return tried
+
+    def _attempt_reshard(self, plan: ReshardPlan, applied: int) -> int | None:
+        """Reshard now; after how many applied faults to try again (None: not again)."""
+        attempt = self.reshard(plan)
+        again = not attempt.resharded and len(self.reshards) < 2
+        return applied + plan.retry_after if again else None
 
     def _next_kind(self) -> str:
         """Kinds are dealt from a shuffled deck of all of them, so a short run still covers
@@ -952,6 +1179,48 @@ class ChaosDriver:
             f"{len(during)} commits while cut",
         )
 
+    # -- reshard ----------------------------------------------------------------------------
+
+    def reshard(self, plan: ReshardPlan) -> ReshardAttempt:
+        """Reshard the running cluster to `plan`'s layout now: write each node's new config
+        next to its own (`<node>.reshard.toml`) and run `hakafka reshard` with one of them;
+        when it moved the layout, put each node's new config in place, restart the node
+        (SIGTERM, start) and wait until every shard of the new layout has a consuming
+        leader. The attempt is recorded in `reshards` and said."""
+        t = self.targets
+        self._restart_unplanned_exits()
+        texts = t.cluster.layout_configs(plan.layout, plan.shard_count)
+        staged = {n: t.cluster.nodes[n].config_path.with_suffix(".reshard.toml") for n in texts}
+        for name, path in staged.items():
+            path.write_text(texts[name])
+        at = round(time.monotonic() - self._began, 2)
+        began = time.monotonic()
+        self.say(f"chaos: t={at:.1f}s reshard to {plan.shard_count} shards requested")
+        config = ["--config", str(staged[min(staged)])]
+        resharded, output = _hakafka(
+            ["reshard", *config, "--timeout", f"{plan.timeout:g}"], plan.timeout + 60.0
+        )
+        if not resharded:
+            # A command that did not end may have left its request: the leaders stay drained.
+            _hakafka(["reshard", *config, "--abort"], 60.0)
+            attempt = ReshardAttempt(at, False, (), None, output)
+        else:
+            moves = tuple(line for line in output.splitlines() if " -> shard " in line)
+            for name, text in texts.items():
+                node = t.cluster.nodes[name]
+                node.config_path.write_text(text)
+                node.stop()
+                t.start_node(name)
+            t.shards = list(range(plan.shard_count))
+            try:
+                t.cluster.wait_leaders(t.shards, timeout=plan.consuming_timeout)
+                attempt = ReshardAttempt(at, True, moves, round(time.monotonic() - began, 2))
+            except DevstackError as exc:
+                attempt = ReshardAttempt(at, True, moves, None, str(exc))
+        self.reshards.append(attempt)
+        self.say(f"chaos: reshard {attempt.describe()}")
+        return attempt
+
     # -- healing ----------------------------------------------------------------------------
 
     def heal(self, timeout: float = 90.0) -> None:
@@ -990,6 +1259,30 @@ class ChaosDriver:
             for kind, results in sorted(counts.items())
         ]
         return f"seed {self.seed}, {len(self.faults)} faults: " + ", ".join(parts)
+
+    def reshard_summary(self) -> str:
+        """Every reshard attempt of the run, one after the other."""
+        return "reshard: " + ("; ".join(a.describe() for a in self.reshards) or "none")
+
+
+def _hakafka(args: Sequence[str], timeout: float) -> tuple[bool, str]:
+    """Run `hakafka ARGS` (bounded by `timeout` s): whether it exited 0, and its output
+    (the last lines of it, joined by " | ", when it did not)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hakafka.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"hakafka {' '.join(args)}: no answer within {timeout:g} s"
+    output = done.stdout + done.stderr
+    if done.returncode == 0:
+        return True, output
+    tail = [line.strip() for line in output.splitlines() if line.strip()][-3:]
+    return False, f"exit {done.returncode}: " + " | ".join(tail)
 
 
 def _config_shards(config_path: Path) -> list[int]:

@@ -6,6 +6,7 @@ process with its own data dir, ports and log file, started and stopped by PID.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
@@ -240,7 +241,8 @@ class DaemonNode:
 
 
 class LocalCluster:
-    """Daemons that each serve some shards, sharing one ZooKeeper root and one ClickHouse."""
+    """Daemons that each serve some shards, sharing one ZooKeeper root and one ClickHouse.
+    `rows_per_task` is one value for every node or one per node (node name -> value)."""
 
     def __init__(
         self,
@@ -253,38 +255,62 @@ class LocalCluster:
         zk_root: str,
         database: str = "default",
         session_timeout: float = 4.0,
-        rows_per_task: int = 500_000,
+        rows_per_task: int | Mapping[str, int] = 500_000,
         spark_on_followers: bool = False,
         server: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.stack = stack
+        if isinstance(rows_per_task, Mapping):
+            if missing := sorted(set(nodes) - set(rows_per_task)):
+                raise ValueError(f"rows_per_task names no value for nodes {missing}")
+            per_node = dict(rows_per_task)
+        else:
+            per_node = dict.fromkeys(nodes, rows_per_task)
+        self._render = functools.partial(
+            render_config,
+            stack=stack,
+            zk_root=zk_root,
+            pipelines=pipelines,
+            session_timeout=session_timeout,
+            database=database,
+            spark_on_followers=spark_on_followers,
+            server=server,
+        )
+        self._rows_per_task = per_node
+        self._ports = {node: (free_port(), free_port()) for node in nodes}
+        texts = self.layout_configs(nodes, shard_count)
+        token = str((server or {}).get("token", ""))
+        self.nodes: dict[str, DaemonNode] = {
+            node: DaemonNode(node, root, texts[node], *self._ports[node], token=token)
+            for node in nodes
+        }
+
+    def layout_configs(
+        self, nodes: Mapping[str, Sequence[int]], shard_count: int
+    ) -> dict[str, str]:
+        """The config text of each node of this cluster for the shard layout `nodes` (node ->
+        its shards; each shard's ClickHouse replicas are the nodes serving it), all else as
+        the cluster was built with (ports, data dirs, rows_per_task): e.g. for a reshard."""
+        if unknown := sorted(set(nodes) - set(self._ports)):
+            raise ValueError(f"nodes {unknown} are not in this cluster")
         replicas: dict[int, dict[str, str]] = {}
         for node, shards in nodes.items():
             for shard in shards:
-                replicas.setdefault(shard, {})[node] = stack.clickhouse
-        self.nodes: dict[str, DaemonNode] = {}
-        for node, shards in nodes.items():
-            http, flight = free_port(), free_port()
-            text = render_config(
+                replicas.setdefault(shard, {})[node] = self.stack.clickhouse
+        return {
+            node: self._render(
                 node=node,
                 shards=shards,
                 shard_count=shard_count,
-                data_dir=root / node,
-                stack=stack,
-                zk_root=zk_root,
+                data_dir=self.root / node,
                 replicas=replicas,
-                http_port=http,
-                flight_port=flight,
-                pipelines=pipelines,
-                session_timeout=session_timeout,
-                database=database,
-                rows_per_task=rows_per_task,
-                spark_on_followers=spark_on_followers,
-                server=server,
+                http_port=self._ports[node][0],
+                flight_port=self._ports[node][1],
+                rows_per_task=self._rows_per_task[node],
             )
-            token = str((server or {}).get("token", ""))
-            self.nodes[node] = DaemonNode(node, root, text, http, flight, token=token)
+            for node, shards in nodes.items()
+        }
 
     def start(self, timeout: float = 90.0) -> None:
         for node in self.nodes.values():

@@ -14,25 +14,32 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from devstack.chaos import (
     NODE_STARTING,
     Commit,
     ElectionTiming,
     LeaderObservation,
+    ReshardAttempt,
     commit_violations,
+    configured_rows_per_task,
     consuming_bound,
     consuming_summary,
     election_timings,
+    flush_report,
     leader_violations,
     log_events,
     log_files,
     mark_start,
+    planned_tasks,
     read_commits,
     repaired_corruption,
     too_slow,
     verify_wals,
 )
-from devstack.cluster import PipelineSpec, StackEndpoints, render_config
+from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints, render_config
+from hakafka.config import load_config
 from wal import WriteAheadLog
 from wal.segment import segment_name
 
@@ -345,3 +352,131 @@ def test_the_start_marker_is_a_log_line_the_timings_read(tmp_path: Path) -> None
     stamped = datetime.fromisoformat(marker["timestamp"].replace("Z", "+00:00")).timestamp()
     assert abs(stamped - time.time()) < 60
     assert [t.outcome for t in election_timings({"n1": log})] == ["daemon restarted"]
+
+
+def test_a_cluster_gives_each_node_its_rows_per_task_and_relayouts_keep_the_rest(
+    tmp_path: Path,
+) -> None:
+    cluster = LocalCluster(
+        tmp_path,
+        StackEndpoints("127.0.0.1:2181", "127.0.0.1:9092", "127.0.0.1:8123"),
+        nodes={"n1": [0, 1], "n2": [0], "n3": [1]},
+        shard_count=2,
+        pipelines=[PipelineSpec("events", "t", "t_events", {"id": "UInt64"})],
+        zk_root="/chaos/x",
+        rows_per_task={"n1": 7_000, "n2": 11_000, "n3": 16_000},
+    )
+    paths = {name: node.config_path for name, node in cluster.nodes.items()}
+    assert configured_rows_per_task(paths) == {"n1": 7_000, "n2": 11_000, "n3": 16_000}
+    before = {name: load_config(path) for name, path in paths.items()}
+    assert (before["n2"].shard_count, before["n2"].shards) == (2, (0,))
+
+    texts = cluster.layout_configs({"n1": [0, 1, 2], "n2": [0, 2], "n3": [1, 2]}, 3)
+    for name, text in texts.items():
+        (tmp_path / f"{name}.new.toml").write_text(text)
+    after = {name: load_config(tmp_path / f"{name}.new.toml") for name in texts}
+    assert {name: (c.shard_count, c.shards) for name, c in after.items()} == {
+        "n1": (3, (0, 1, 2)),
+        "n2": (3, (0, 2)),
+        "n3": (3, (1, 2)),
+    }
+    assert sorted(after["n3"].clickhouse.replicas[2]) == ["n1", "n2", "n3"]
+    assert sorted(after["n3"].clickhouse.replicas[0]) == ["n1", "n2"]
+    for name, config in after.items():  # same node otherwise: ports, data dir, rows_per_task
+        was = before[name]
+        assert (config.server, config.data_dir, config.spark) == (
+            was.server,
+            was.data_dir,
+            was.spark,
+        )
+
+
+def test_a_per_node_rows_per_task_must_name_every_node(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"rows_per_task names no value for nodes \['n2'\]"):
+        LocalCluster(
+            tmp_path,
+            StackEndpoints("127.0.0.1:2181", "127.0.0.1:9092", "127.0.0.1:8123"),
+            nodes={"n1": [0], "n2": [0]},
+            shard_count=1,
+            pipelines=[],
+            zk_root="/chaos/x",
+            rows_per_task={"n1": 7_000},
+        )
+
+
+def test_planned_tasks_follow_the_block_plan() -> None:
+    assert [planned_tasks(rows, 7_000) for rows in (0, 1, 7_000, 7_001, 14_001)] == [1, 1, 1, 2, 3]
+
+
+def test_flush_report_finds_wide_blocks_and_reflushes_across_rows_per_task(
+    tmp_path: Path,
+) -> None:
+    rows_per_task = {"n1": 7_000, "n2": 11_000, "n3": 16_000}
+    n1, n2, n3 = (tmp_path / f"{n}.log" for n in ("n1", "n2", "n3"))
+    n1.write_text(
+        line("fenced.pending_written", 1.0, shard=0, pipeline="events", block="a", epoch=1)
+        + line("flush.committed", 2.0, shard=0, pipeline="events", block="a", rows=15_000, tasks=3)
+        + line("fenced.pending_written", 3.0, shard=0, pipeline="events", block="b", epoch=1)
+        + line("fenced.pending_written", 3.5, shard=1, pipeline="events", block="c", epoch=4)
+    )  # then SIGKILL: b and c stay pending
+    n2.write_text(
+        # abandoned (n2 lost the shard), then re-flushed by n2 again: one commit, the last
+        line(
+            "pending.reflush", 5.0, shard=0, pipeline="events", block="b", source="wal", rows=20_000
+        )
+        + line(
+            "pending.reflush",
+            8.0,
+            shard=0,
+            pipeline="events",
+            block="b",
+            source="kafka",
+            rows=20_000,
+        )
+        + line("flush.committed", 9.0, shard=0, pipeline="events", block="b", rows=20_000, tasks=3)
+        # an intent whose write no log shows
+        + line("pending.reflush", 9.5, shard=0, pipeline="events", block="z", source="wal", rows=10)
+        + line("flush.committed", 9.6, shard=0, pipeline="events", block="z", rows=10, tasks=1)
+    )
+    n3.write_text(  # planned c again with its own rows_per_task: 2 tasks, not n1's 3
+        line(
+            "pending.reflush", 6.0, shard=1, pipeline="events", block="c", source="wal", rows=20_000
+        )
+        + line("flush.committed", 7.0, shard=1, pipeline="events", block="c", rows=20_000, tasks=2)
+    )
+    report = flush_report({"n1": n1, "n2": n2, "n3": n3}, rows_per_task)
+
+    assert [(c.node, c.block, c.tasks) for c in report.wide()] == [("n1", "a", 3), ("n2", "b", 3)]
+    assert [(r.node, r.block, r.writer, r.committed_tasks) for r in report.reflushes] == [
+        ("n2", "b", "n1", None),
+        ("n3", "c", "n1", 2),
+        ("n2", "b", "n1", 3),
+        ("n2", "z", None, 1),
+    ]
+    assert report.off_plan() == [
+        "n3 shard 1 block c (20000 rows, rows_per_task 16000) written by n1 (rows_per_task "
+        "7000): committed in 2 tasks"
+    ]
+    assert report.summary() == (
+        "blocks committed: 4, by tasks {1: 1, 2: 1, 3: 2}, with >= 3 tasks: 2, largest 20000 "
+        "rows in 3; re-flushes: 4 (intent writer unknown: 1), on a node with another "
+        "rows_per_task than the writer: 3, committed 2, in the writer's task count 1, where "
+        "their own rows_per_task would have cut otherwise 2"
+    )
+    followed = [r for r in report.reflushes if r.committed_tasks == 3]
+    assert [r.across and not r.off_plan for r in followed] == [True]
+
+
+def test_a_reshard_attempt_says_how_it_went() -> None:
+    moved = ("events: partition 2 at offset 810: shard 0 -> shard 2",)
+    assert ReshardAttempt(61.5, True, moved, 23.41).describe() == (
+        "t=61.5s resharded, request -> every shard consuming 23.4 s; "
+        "moved: events: partition 2 at offset 810: shard 0 -> shard 2"
+    )
+    failed = ReshardAttempt(30.0, False, (), None, "exit 1: reshard aborted")
+    assert not failed.ok
+    assert failed.describe() == (
+        "t=30.0s FAILED, the old layout consumes again: exit 1: reshard aborted"
+    )
+    stuck = ReshardAttempt(30.0, True, moved, None, "timed out waiting for leaders")
+    assert not stuck.ok and "NOT every shard consuming: timed out" in stuck.describe()
