@@ -1,20 +1,31 @@
 """Chaos: three daemons, two shards, a seeded schedule of faults; exactly once at the end.
 
 The cluster is n1 (shards 0 and 1), n2 (shard 0) and n3 (shard 1) on a 3-member ZooKeeper
-ensemble, the broker on s3:// storage and a ClickHouse front. A producer writes known records
-(every 97th malformed) while the driver SIGKILLs and SIGSTOPs leaders, restarts ZooKeeper
-members and the broker, stops the ClickHouse front, marks and clears replacements and asks for
-failovers. Then everything is healed and the run must show: every good record in `events`
-exactly once and every bad one in `events_dead_letter` exactly once (by `_partition`,
-`_offset`), no shard ever led by two nodes at once (leader znode epochs, checkpoint commits),
-and no WAL damage. Where the machine allows it (root and iproute2), n1 runs in a network
-namespace of its own behind a veth pair, and the driver also cuts that link: the partitioned
-leader must stop committing and another node must take over its shards.
+ensemble, the broker on s3:// storage and a ClickHouse front. Each node has its own
+`[spark] rows_per_task` (700, 1 100, 1 600), small against the blocks the run seals, so
+blocks are flushed in several tasks and a block whose leader died is re-flushed by a node
+that would have cut it otherwise. A producer writes known records (every 97th malformed)
+while the driver SIGKILLs and SIGSTOPs leaders, restarts ZooKeeper members and the broker,
+stops the ClickHouse front, marks and clears replacements and asks for failovers. Between two
+faults (after 4 of the short run's, 25 of the long one's), with the producer running, the
+driver reshards the cluster from 2 shards to 3 (n1 [0, 1, 2], n2 [0, 2], n3 [1, 2]):
+`hakafka reshard` with the new layout, then every node restarted with its new config; a
+failed attempt (the old layout consumes again) is said and tried once more 3 faults later,
+and the faults go on over the three shards. Then everything is healed and the run must show:
+every good record in `events` exactly once and every bad one in `events_dead_letter` exactly
+once (by `_partition`, `_offset`), the reshard done, no shard ever led by two nodes at once
+(leader znode epochs, checkpoint commits), no WAL damage, blocks of 3 or more tasks
+committed, and every re-flush committed in the tasks its intent's writer planned (the
+summary counts the re-flushes on a node whose rows_per_task differs from the writer's).
+Where the machine allows it (root and iproute2), n1 runs in a network namespace of its own
+behind a veth pair, and the driver also cuts that link: the partitioned leader must stop
+committing and another node must take over its shards.
 
 Every leader change is timed from the new leader's `leader.elected` to its `leader.consuming`
-(from the daemons' logs) and the distribution is printed with the final tally. The long run
-fails if any took longer than the ZooKeeper session timeout + 5 s; the short one, which runs
-inside `make test` on a busy machine, only prints it.
+(from the daemons' logs) and the distribution is printed with the final tally, the reshard
+(when, request -> every shard consuming, the partitions moved) and the blocks' task counts.
+The long run fails if any took longer than the ZooKeeper session timeout + 5 s; the short
+one, which runs inside `make test` on a busy machine, only prints it.
 
 The seed is printed; `CHAOS_SEED=<seed>` replays the same schedule.
 """
@@ -39,12 +50,15 @@ from devstack.chaos import (
     ChaosTargets,
     LeadershipWatcher,
     NetworkNamespace,
+    ReshardPlan,
     chaos_seed,
     commit_violations,
+    configured_rows_per_task,
     consuming_bound,
     consuming_summary,
     daemon_logs,
     election_timings,
+    flush_report,
     netns_unavailable,
     read_commits,
     repaired_corruption,
@@ -64,6 +78,14 @@ pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.spark, pyt
 
 NODES = {"n1": [0, 1], "n2": [0], "n3": [1]}
 SHARDS = [0, 1]
+# The reshard during the run: 2 -> 3 shards, every node also serving the new shard 2.
+RESHARDED = {"n1": [0, 1, 2], "n2": [0, 2], "n3": [1, 2]}
+ALL_SHARDS = [0, 1, 2]
+# Different per node, and small against the blocks the run seals (about 1 000 - 3 000 rows
+# per shard and producer chunk, up to the 50 000 of max_rows after an outage), so that
+# blocks have 3+ tasks and a block whose leader died is often re-flushed by a node that
+# would have cut it otherwise (it must follow the recorded plan).
+ROWS_PER_TASK = {"n1": 700, "n2": 1_100, "n3": 1_600}
 PARTITIONS = 8
 BAD_EVERY = 97
 SESSION_TIMEOUT = 3.0
@@ -94,10 +116,11 @@ class Variant:
     # long run: the short one shares a 2-core machine with the rest of `make test`, where a
     # bound that tight would measure the machine's load, so it prints the distribution only.
     bound_consuming: bool
+    reshard_after: int | None  # applied faults before the reshard (None: no reshard)
 
 
-SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 40_000, 2_000, 3.0, 150.0, 6, False)
-LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 400_000, 6_000, 10.0, 300.0, 50, True)
+SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 40_000, 2_000, 3.0, 150.0, 6, False, 4)
+LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 400_000, 6_000, 10.0, 300.0, 50, True, 25)
 
 
 class Producer(threading.Thread):
@@ -189,10 +212,13 @@ def node_views(cluster: LocalCluster) -> dict[str, Any]:
     }
 
 
-def wait_consuming_leaders(cluster: LocalCluster, tag: str, timeout: float = 120.0) -> None:
-    """Every shard has a consuming leader; else fail with what each node says of itself."""
+def wait_consuming_leaders(
+    cluster: LocalCluster, shards: list[int], tag: str, timeout: float = 120.0
+) -> None:
+    """Every shard of `shards` has a consuming leader; else fail with what each node says of
+    itself."""
     try:
-        cluster.wait_leaders(SHARDS, timeout=timeout)
+        cluster.wait_leaders(shards, timeout=timeout)
     except DevstackError as exc:
         raise AssertionError(f"{tag} {exc}; the nodes say: {node_views(cluster)}") from None
 
@@ -246,10 +272,10 @@ def test_chaos_every_record_exactly_once(
         zk_root=zk_root,
         database=DATABASE,
         session_timeout=SESSION_TIMEOUT,
-        rows_per_task=100_000,
+        rows_per_task=ROWS_PER_TASK,
     )
     table, dead_table = f"{topic}_events", f"{topic}_events_dead_letter"
-    watcher = LeadershipWatcher(stack.zookeeper, zk_root, SHARDS)
+    watcher = LeadershipWatcher(stack.zookeeper, zk_root, ALL_SHARDS)
     coordinator = Coordinator(
         ZkConfig(hosts=stack.zookeeper, root=zk_root, session_timeout_s=6.0),
         "chaos-driver",
@@ -270,7 +296,7 @@ def test_chaos_every_record_exactly_once(
             netns_node=NETNS_NODE if netns is not None else None,
         )
         targets.start_cluster(timeout=120.0)
-        wait_consuming_leaders(cluster, tag)
+        wait_consuming_leaders(cluster, targets.shards, tag)
         watcher.start()
         driver = ChaosDriver(targets, seed, session_timeout=SESSION_TIMEOUT)
         # Faults start once the first leaders have flushed (their Spark sessions are up);
@@ -281,8 +307,16 @@ def test_chaos_every_record_exactly_once(
         producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
         producer.produced |= warm
         producer.start()
+        reshard = (
+            None
+            if variant.reshard_after is None
+            else ReshardPlan(variant.reshard_after, RESHARDED, len(ALL_SHARDS))
+        )
         driver.run(
-            variant.faults, gap=variant.gap, deadline=time.monotonic() + variant.chaos_seconds
+            variant.faults,
+            gap=variant.gap,
+            deadline=time.monotonic() + variant.chaos_seconds,
+            reshard=reshard,
         )
         producer.finish()
         assert producer.error is None, f"{tag} producer failed: {producer.error!r}"
@@ -290,7 +324,7 @@ def test_chaos_every_record_exactly_once(
         chaos_done = time.monotonic()
 
         driver.heal()
-        wait_consuming_leaders(cluster, tag)
+        wait_consuming_leaders(cluster, targets.shards, tag)
         client = chaos_clickhouse.client(database=DATABASE)
         try:
             wait_for(
@@ -322,8 +356,13 @@ def test_chaos_every_record_exactly_once(
         cuts = [(c.led, c.taken_over, len(c.commits_while_cut)) for c in driver.partitions]
         timings = election_timings(logs)
         bound = consuming_bound(node.config_path for node in cluster.nodes.values())
+        flushes = flush_report(
+            logs,
+            configured_rows_per_task({n: node.config_path for n, node in cluster.nodes.items()}),
+        )
         print(
             f"{tag} {driver.summary()}\n"
+            f"{tag} {driver.reshard_summary()}\n"
             f"{tag} records: {len(good)} good, {len(bad)} bad; {table}: {rows}; "
             f"{dead_table}: {dead}\n"
             f"{tag} leader changes seen: {len(watcher.observations())}, checkpoint commits: "
@@ -334,6 +373,7 @@ def test_chaos_every_record_exactly_once(
             f"{tag} network partitions of {NETNS_NODE}: "
             f"{netns_skipped or cuts}\n"
             f"{tag} {consuming_summary(timings, bound)}\n"
+            f"{tag} {flushes.summary()}\n"
             f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
             flush=True,
         )
@@ -348,6 +388,15 @@ def test_chaos_every_record_exactly_once(
             f"{tag} daemons died by themselves: {driver.unplanned_exits}"
         )
         assert len(good) > 0 and len(bad) > 0
+        if reshard is not None:
+            assert any(a.ok for a in driver.reshards), (
+                f"{tag} the reshard to {len(ALL_SHARDS)} shards never completed: "
+                f"{driver.reshard_summary()}"
+            )
+        assert flushes.wide(), f"{tag} no block of >= 3 tasks was committed: {flushes.summary()}"
+        assert not flushes.off_plan(), (
+            f"{tag} re-flushes that did not follow their recorded plan: {flushes.off_plan()}"
+        )
         for cut in driver.partitions:
             assert cut.taken_over, f"{tag} nobody took over from partitioned {cut}"
             assert not cut.commits_while_cut, f"{tag} partitioned leader committed: {cut}"
