@@ -1,5 +1,7 @@
 """The chaos run's end checks flag what they must: doubled leaders, backward epochs, WAL damage,
-slow leader changes.
+slow leader changes, re-flushes off their recorded plan; and the pieces the run is built from:
+per-node rows_per_task, a cluster's configs for a new shard layout, the reshard's place in
+the fault schedule.
 
 Plain records, small synthetic JSON logs and real WAL files; no services. A check that never
 fails would make the chaos test pass vacuously, so each is shown failing on a constructed bad
@@ -12,16 +14,20 @@ import json
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from devstack.chaos import (
     NODE_STARTING,
+    ChaosDriver,
+    ChaosTargets,
     Commit,
     ElectionTiming,
     LeaderObservation,
     ReshardAttempt,
+    ReshardPlan,
     commit_violations,
     configured_rows_per_task,
     consuming_bound,
@@ -480,3 +486,58 @@ def test_a_reshard_attempt_says_how_it_went() -> None:
     )
     stuck = ReshardAttempt(30.0, True, moved, None, "timed out waiting for leaders")
     assert not stuck.ok and "NOT every shard consuming: timed out" in stuck.describe()
+
+
+class ScriptedDriver(ChaosDriver):
+    """A driver whose every fault applies at once and whose reshard attempts succeed or
+    fail as scripted; `log` is what happened, in order."""
+
+    def __init__(self, reshards: list[bool]) -> None:
+        targets = SimpleNamespace(netns=None, cluster=SimpleNamespace(nodes={}))
+        super().__init__(cast(ChaosTargets, targets), 1, session_timeout=3.0, say=lambda _: None)
+        self.script = list(reshards)
+        self.log: list[str] = []
+        self._actions = dict.fromkeys(self._actions, self._fault)
+
+    def _fault(self) -> tuple[str, str]:
+        self.log.append("fault")
+        return "-", "applied: scripted"
+
+    def reshard(self, plan: ReshardPlan) -> ReshardAttempt:
+        done = self.script.pop(0)
+        attempt = ReshardAttempt(0.0, done, (), 1.0 if done else None, "" if done else "no")
+        self.reshards.append(attempt)
+        self.log.append(f"reshard {'ok' if done else 'failed'}")
+        return attempt
+
+
+PLAN = ReshardPlan(after=2, layout={}, shard_count=3, retry_after=3)
+
+
+def faults(n: int) -> list[str]:
+    return ["fault"] * n
+
+
+def test_the_reshard_runs_between_faults_and_a_failed_one_once_more_later() -> None:
+    driver = ScriptedDriver([False, True])
+    driver.run(8, gap=(0.0, 0.0), deadline=time.monotonic() + 60, reshard=PLAN)
+    assert driver.log == [
+        *faults(2),
+        "reshard failed",
+        *faults(3),
+        "reshard ok",
+        *faults(3),
+    ]
+
+
+def test_a_reshard_failing_twice_is_not_tried_a_third_time() -> None:
+    driver = ScriptedDriver([False, False])
+    driver.run(9, gap=(0.0, 0.0), deadline=time.monotonic() + 60, reshard=PLAN)
+    assert driver.log == [*faults(2), "reshard failed", *faults(3), "reshard failed", *faults(4)]
+    assert [a.ok for a in driver.reshards] == [False, False]
+
+
+def test_a_schedule_ending_before_the_reshard_still_reshards_at_its_end() -> None:
+    driver = ScriptedDriver([True])
+    driver.run(1, gap=(0.0, 0.0), deadline=time.monotonic() + 60, reshard=PLAN)
+    assert driver.log == ["fault", "reshard ok"]
