@@ -193,11 +193,16 @@ def insert_settings(server_settings: Container[str], token: str | None) -> dict[
 def insert_task(
     options: ClickHouseOptions, task: int, batches: Iterable[pa.RecordBatch]
 ) -> TaskInserted:
-    """Insert all of one task's `batches` as ONE request (one token, one ClickHouse block)."""
+    """Insert all of one task's `batches` as ONE request (one token, one ClickHouse block).
+
+    The rows go as one Arrow record batch, however they came: ClickHouse (26) derives the
+    deduplication ids of an insert from its token AND its input chunks, so the same rows
+    with the same token but cut into other batches (a re-flush rebuilt from the WAL) would
+    not be recognized as the same insert."""
     batch_list = list(batches)
     if not batch_list:
         return TaskInserted(task, 0, options.token(task))
-    data = pa.Table.from_batches(batch_list)
+    data = pa.Table.from_batches(batch_list).combine_chunks()
     token = options.token(task)
     client = options.client()
     settings = insert_settings(client.server_settings, token)

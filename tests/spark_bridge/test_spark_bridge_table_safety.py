@@ -300,3 +300,29 @@ def test_pinned_settings_deduplicate_a_retried_insert_even_where_the_profile_doe
         "insert_deduplicate": "0",
         "async_insert": "1",
     }, "the pinned settings held for the inserts only"
+
+
+@pytest.mark.integration
+def test_a_retry_of_the_same_rows_in_other_batches_is_still_dropped(
+    clickhouse: ClickHouseService, ch_database: str, ch_client: Any
+) -> None:
+    # A re-flush rebuilds a task's rows from the WAL: the same rows, the same token, but
+    # other Arrow batches than the first attempt (which took them from the buffer).
+    ensure_table(ch_client, spec(ch_database))
+    rows = pa.table(
+        {
+            "v": pa.array(range(100), pa.int64()),
+            "_partition": pa.array([0] * 100, pa.int32()),
+            "_offset": pa.array(range(100), pa.int64()),
+        }
+    )
+    options = ClickHouseOptions(
+        hosts=((clickhouse.host, clickhouse.port),),
+        database=ch_database,
+        table="events",
+        token_prefix="pipe",
+    )
+    insert_task(options, 0, rows.slice(0, 60).to_batches() + rows.slice(60).to_batches())
+    insert_task(options, 0, rows.to_batches())
+    insert_task(options, 0, [b for i in range(0, 100, 10) for b in rows.slice(i, 10).to_batches()])
+    assert row_count(ch_client) == 100
