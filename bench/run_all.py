@@ -3,8 +3,8 @@
 Usage: python bench/run_all.py [NAME ...]   (names like `wal`, `takeover`; default: all)
 
 Every `bench/NAME_bench.py` is a benchmark (so `takeover_bench.py` is `takeover`); they run one
-at a time, in name order, never overlapping: `e2e` and `takeover` start real daemons on the
-local stack and need the machine to themselves.
+at a time, in name order, never overlapping: `e2e`, `exactly_once` and `takeover` start real
+daemons on the local stack and need the machine to themselves.
 
 Each benchmark prints its own figures next to a raw baseline measured in the same run.
 This script writes them, with the command that produced them, to bench/RESULTS.md,
@@ -25,6 +25,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
 TIMEOUT_S = 1500  # per benchmark: e2e and takeover take about 10 minutes each
+# The heading of a section, after its name, when the name alone does not say what it measures.
+TITLES = {"exactly_once": "Exactly-once under drift and resharding (#21)"}
 HEADER = """# Benchmark results
 
 Every figure is printed next to a raw baseline measured in the same run on the same machine,
@@ -34,9 +36,9 @@ so the ratio is what carries over between machines. Regenerate with `make bench`
 
 
 def sections(text: str) -> dict[str, str]:
-    """The `## name` sections of RESULTS.md by name."""
+    """The `## name` sections of RESULTS.md by name (a title may follow the name)."""
     found: dict[str, str] = {}
-    for match in re.finditer(r"^## (\S+)\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S):
+    for match in re.finditer(r"^## (\S+)[^\n]*\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S):
         found[match.group(1)] = match.group(0).rstrip() + "\n"
     return found
 
@@ -61,8 +63,9 @@ def run(name: str) -> str:
         print(result.stderr, file=sys.stderr)
     status = "" if result.returncode == 0 else f"\n**exit code {result.returncode}**\n"
     load = os.getloadavg()[0]
+    title = f" — {TITLES[name]}" if name in TITLES else ""
     return (
-        f"## {name}\n\n"
+        f"## {name}{title}\n\n"
         f"Command: `{command}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, "
         f"load average {load:.1f} at the end, {took:.0f} s.\n{status}\n"
