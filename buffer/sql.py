@@ -90,6 +90,30 @@ class Catalog:
         with self._lock:
             del self._tables[name]
 
+    def discard(self, table: MemoryTable) -> None:
+        """Stop serving ``table`` under whatever name it has now (a no-op if not served)."""
+        with self._lock:
+            if self._tables.get(table.name) is table:
+                del self._tables[table.name]
+
+    def names(self) -> list[str]:
+        """The names served, sorted."""
+        with self._lock:
+            return sorted(self._tables)
+
+    def rename(self, old: str, new: str) -> bool:
+        """Serve the table ``old`` as ``new`` from now on; False if ``old`` is not served or
+        ``new`` is taken."""
+        if not _NAME.fullmatch(new):
+            raise ValueError(f"table name {new!r} is not a plain SQL identifier")
+        with self._lock:
+            if old not in self._tables or new in self._tables:
+                return False
+            table = self._tables.pop(old)
+            table.name = new
+            self._tables[new] = table
+            return True
+
     def snapshots(self) -> list[Snapshot]:
         """A snapshot of every table, sorted by name."""
         with self._lock:

@@ -366,6 +366,7 @@ class Harness:
     consumers: list[FakeConsumer] = field(default_factory=list)
     refetch: Refetches | None = None
     wal_dir_name: str = "wal"
+    shard: int = 0
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -383,7 +384,7 @@ class Harness:
         assert self.refetch is not None
         return PipelineLeader(
             config=self.pipeline,
-            shard=0,
+            shard=self.shard,
             decoder=decoder_for(self.pipeline),
             parts=PipelineParts(
                 consumer=self._consumer,
@@ -396,7 +397,7 @@ class Harness:
                 fenced=self.fenced,
                 replicas=lambda: (),
             ),
-            assignment=shard_assignment(self.config, self.pipeline, 0),
+            assignment=shard_assignment(self.config, self.pipeline, self.shard),
             rows_per_task=self.config.spark.rows_per_task,
             catalog=self.catalog,
             metrics=Metrics.create(registry=_registry()),
