@@ -4,12 +4,8 @@ read by two leaders (the old layout's leader stopped reading before the new one 
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,26 +15,11 @@ from devstack.chaos import _unix, log_events
 from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import Produced, create_topic, produce, tally
+from tests.commands import edit, hakafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS = 6
-
-
-def edit(path: Path, old: str, new: str) -> None:
-    text, made = re.subn(old, new, path.read_text(), flags=re.M)
-    assert made == 1, f"{path.name}: {old!r} matched {made} times"
-    path.write_text(text)
-
-
-def hakafka(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hakafka.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
 
 
 class Load:
@@ -103,7 +84,7 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
         f'\\1\n[clickhouse.replicas.2]\nn2 = "{stack.clickhouse}"\n',
     )
     initialized = hakafka("init", "--config", str(n1.config_path))
-    assert initialized.returncode == 0, initialized.stderr
+    assert initialized.code == 0, initialized.err
     cluster.start()
     assert cluster.wait_leaders([0, 1]) == {0: "n1", 1: "n1"}
     load = Load(stack.kafka, topic)
@@ -114,9 +95,9 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
         )
         requested = time.time()
         resharded = hakafka("reshard", "--config", str(n2.config_path), "--timeout", "120")
-        assert resharded.returncode == 0, resharded.stdout + resharded.stderr
-        assert "resharded to 3 shards" in resharded.stdout
-        assert "shard 0: drained by n1" in resharded.stdout
+        assert resharded.code == 0, resharded.out + resharded.err
+        assert "resharded to 3 shards" in resharded.out
+        assert "shard 0: drained by n1" in resharded.out
         assert cluster.wait_leaders([0, 1, 2]) == {0: "n2", 1: "n2", 2: "n2"}
         time.sleep(3.0)  # the new layout consumes under load too
     finally:

@@ -5,12 +5,8 @@ the real local stack."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,16 +14,11 @@ from kazoo.client import KazooClient
 
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic
+from tests.commands import edit, hakafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 SHARDS = [0, 1]
-
-
-def edit(path: Path, old: str, new: str) -> None:
-    text, made = re.subn(old, new, path.read_text(), flags=re.M)
-    assert made == 1, f"{path.name}: {old!r} matched {made} times"
-    path.write_text(text)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -52,17 +43,6 @@ def candidates(stack: StackEndpoints, zk_root: str) -> dict[int, list[str]]:
     finally:
         zk.stop()
         zk.close()
-
-
-def hakafka(*args: str) -> subprocess.CompletedProcess[str]:
-    """`hakafka ARGS...` as a child process (its exit code is what scripts see)."""
-    return subprocess.run(
-        [sys.executable, "-m", "hakafka.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def drift_of(node: DaemonNode) -> list[str]:
@@ -91,7 +71,7 @@ def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_th
     n1, n2, n3 = (cluster.nodes[n] for n in ("n1", "n2", "n3"))
     edit(n2.config_path, r'^on_error = "dead_letter"$', 'on_error = "skip"')
     edit(n3.config_path, r'^amount = "Nullable\(Float64\)"$', '\\g<0>\nnote = "Nullable(String)"')
-    assert hakafka("init", "--config", str(n1.config_path)).returncode == 0
+    assert hakafka("init", "--config", str(n1.config_path)).code == 0
     cluster.start()
 
     # n1 has the recorded settings and leads both shards; n2 and n3 stay up, stand nowhere,
@@ -112,15 +92,15 @@ def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_th
     (logged,) = events(n2, "settings.drift")
     assert logged["differences"] == [on_error] and logged["level"] == "error"
     status = hakafka("status", "--config", str(n1.config_path), "--json")
-    assert status.returncode == 0, status.stderr
-    errors = {n["node"]: n["error"] for n in json.loads(status.stdout)["nodes"]}
+    assert status.code == 0, status.err
+    errors = {n["node"]: n["error"] for n in json.loads(status.out)["nodes"]}
     assert errors["n1"] is None
     assert errors["n2"] == f"settings drift: {on_error}"
 
     # Recording n3's compatible change makes n1 step down and n3 stand and lead; n2 still
     # differs and still stands nowhere.
     updated = hakafka("init", "--update", "--config", str(n3.config_path))
-    assert updated.returncode == 0, updated.stderr
+    assert updated.code == 0, updated.err
     wait_for(lambda: cluster.leaders() == {0: "n3", 1: "n3"}, 120, "n3 to lead both shards")
     assert candidates(stack, zk_root) == {0: ["n3"], 1: ["n3"]}
     (removed,) = drift_of(n1)
@@ -131,5 +111,8 @@ def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_th
     assert {e["reason"] for e in events(n1, "shard.withdrawing")} == {
         "shard-wide settings differ from the recorded ones"
     }
-    assert drift_of(n3) == [] and len(drift_of(n2)) == 1
+    assert drift_of(n3) == []
+    # n2 compares again too: it still differs in on_error, and now also lacks the column.
+    wait_for(lambda: len(drift_of(n2)) == 2, 30, "n2 to compare with the new record")
+    assert sorted(d.split(":")[1].strip() for d in drift_of(n2)) == ["columns.note", "on_error"]
     assert all(n.alive() for n in (n1, n2, n3))

@@ -6,8 +6,6 @@ ZooKeeper and ClickHouse of the local stack (no daemon runs)."""
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,17 +13,11 @@ from kazoo.client import KazooClient
 
 from devstack.cluster import LocalCluster, StackEndpoints
 from hakafka.coordination import NodeInfo, PendingIntent
+from tests.commands import edit
 
 pytestmark = [pytest.mark.integration]
 
 SHARDS = [0, 1]
-
-
-def edit(path: Path, old: str, new: str, count: int = 1) -> None:
-    """Replace `old` (a regex) by `new` in the config file at `path`, `count` times exactly."""
-    text, made = re.subn(old, new, path.read_text(), flags=re.M)
-    assert made == count, f"{path.name}: {old!r} matched {made} times, not {count}"
-    path.write_text(text)
 
 
 def recorded(stack: StackEndpoints, zk_root: str) -> dict[str, Any]:
