@@ -395,6 +395,8 @@ def commits(nodes: Sequence[DaemonNode]) -> list[Commit]:
 
 
 def longest_gap(times: Sequence[float], what: str) -> float:
+    """The longest interval between consecutive `times`; SystemExit naming `what` if there
+    are fewer than two."""
     if len(times) < 2:
         raise SystemExit(f"fewer than 2 checkpoint commits of {what} around the operation")
     return max(b - a for a, b in itertools.pairwise(times))
@@ -412,7 +414,7 @@ class Pause:
     steady: float  # median interval between the cluster's commits before the request
 
 
-def hakafka(*args: str, accept: Sequence[int] = (0,)) -> float:
+def command_seconds(*args: str, accept: Sequence[int] = (0,)) -> float:
     """Wall seconds of `hakafka ARGS` run as an operator does; SystemExit with its output if
     its exit code is not in `accept`."""
     began = time.monotonic()
@@ -460,7 +462,7 @@ class Round:
         checkpointed after that, and the commit gaps meanwhile."""
         time.sleep(WARM_S)
         requested = time.time()
-        command = hakafka(*args)
+        command = command_seconds(*args)
         stamps: dict[int, float] = {}
 
         def consuming() -> bool:
@@ -529,7 +531,7 @@ def run_round(bench: Bench, number: int, *, on_followers: bool) -> RoundResult:
     with contextlib.ExitStack() as stack:
         stack.callback(new.stop)
         stack.callback(old.stop)
-        hakafka("init", "--config", str(first.config_path))
+        command_seconds("init", "--config", str(first.config_path))
         first.start()
         first.wait_up(90)
         old.wait_leaders([0, 1])
@@ -555,7 +557,7 @@ def run_round(bench: Bench, number: int, *, on_followers: bool) -> RoundResult:
             what=f"{standby.name} standing in shard 0",
         )
         # Any exit code: a cluster with a waiting node need not be healthy to be read.
-        floor = hakafka("status", "--config", str(first.config_path), accept=(0, 1))
+        floor = command_seconds("status", "--config", str(first.config_path), accept=(0, 1))
         failover = cluster.operate(
             ["failover", "--config", str(first.config_path), "--shard", "0"],
             [0],
