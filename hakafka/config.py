@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hakafka.consumer import ALWAYS_META, Format, OnError, OutOfRange
+from hakafka.consumer import ALWAYS_META, Format, OnError, OutOfRange, check_explicit_assignment
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
@@ -500,6 +500,18 @@ def _pipeline(
             r.problems.append(f"{key}: must be an array of partition numbers")
         else:
             partitions[int(shard_key)] = tuple(plist)
+    if partitions:
+        # A shard without a list would read `p % shard_count`: overlapping the lists.
+        unlisted = [s for s in range(shard_count) if s not in partitions]
+        if unlisted:
+            r.problems.append(
+                f"{partitions_reader.key(str(unlisted[0]))}: missing; with explicit partition "
+                f"lists every shard needs one (shards without: {unlisted})"
+            )
+        try:
+            check_explicit_assignment(partitions)
+        except ValueError as exc:
+            r.problems.append(f"{partitions_reader.path}: {exc}")
     return r.section(
         PipelineConfig,
         name=r.get("name", str, "", required=True, check=_name_problem),

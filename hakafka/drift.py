@@ -198,8 +198,8 @@ def _compare_pipeline(
                     f"{key}partitions.{shard}",
                     None if was_parts is None else list(was_parts),
                     None if now_parts is None else list(now_parts),
-                    "copy each moved partition's checkpoint offset to its new shard by hand "
-                    "(else it is read again from its low watermark: duplicates)",
+                    "run hakafka reshard with this config (it moves each partition's "
+                    "checkpoint to its new shard while the cluster runs)",
                 )
             )
     return found

@@ -49,15 +49,17 @@ class Span:
 
 @dataclass(frozen=True)
 class TaskRange:
-    """The offsets one flush task holds: spans in (partition, offset) order, none empty."""
+    """The offsets one flush task holds: spans in (partition, offset) order, none empty, of
+    the source `scope` names (the topic: offsets of two topics are not the same rows)."""
 
     spans: tuple[Span, ...]
+    scope: str = ""
 
     @property
     def key(self) -> str:
-        """A digest of the spans: the same offsets always give the same key."""
-        text = ";".join(f"{s.partition}:{s.first}-{s.end}" for s in self.spans)
-        return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+        """A digest of the scope and spans: the same offsets always give the same key."""
+        spans = ";".join(f"{s.partition}:{s.first}-{s.end}" for s in self.spans)
+        return hashlib.blake2b(f"{self.scope}|{spans}".encode(), digest_size=12).hexdigest()
 
     def __str__(self) -> str:
         return ", ".join(map(str, self.spans))
@@ -130,10 +132,12 @@ def bounds_of(table: pa.Table) -> dict[int, tuple[int, int]]:
     return bounds
 
 
-def plan_tasks(table: pa.Table, bounds: Bounds, rows_per_task: int) -> tuple[TaskRange, ...]:
-    """The task ranges of a block: its sorted rows `table` cut into slices of about
-    `rows_per_task` rows, and its `bounds` split at each slice's first row. A block without
-    rows is one task (its dead letters, if any, still need one)."""
+def plan_tasks(
+    table: pa.Table, bounds: Bounds, rows_per_task: int, scope: str = ""
+) -> tuple[TaskRange, ...]:
+    """The task ranges of a block of source `scope`: its sorted rows `table` cut into slices
+    of about `rows_per_task` rows, and its `bounds` split at each slice's first row. A block
+    without rows is one task (its dead letters, if any, still need one)."""
     if rows_per_task < 1:
         raise ValueError(f"rows_per_task must be >= 1, got {rows_per_task}")
     partitions, offsets = _keys(table)
@@ -154,7 +158,7 @@ def plan_tasks(table: pa.Table, bounds: Bounds, rows_per_task: int) -> tuple[Tas
             tasks[-1].append(Span(partition, first, end))
     if cuts:  # a row outside the bounds starts a task: the block is inconsistent
         raise PlanError(f"rows at {cuts} lie outside the block's offsets {dict(bounds)}")
-    return tuple(TaskRange(tuple(spans)) for spans in tasks if spans)
+    return tuple(TaskRange(tuple(spans), scope) for spans in tasks if spans)
 
 
 def cut(table: pa.Table, tasks: Sequence[TaskRange], what: str) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import DataWatch
 
@@ -38,6 +38,8 @@ from hakafka.coordination.records import (
 from hakafka.coordination.session import ZkSession
 
 log = structlog.get_logger("hakafka.coordination")
+
+_ABORT_ATTEMPTS = 5
 
 
 class ReshardRaceError(CoordinationError):
@@ -75,12 +77,20 @@ class ReshardStore:
     def abort(self) -> bool:
         """End the reshard in progress without moving anything; False if there was none.
         Leaders that drained resume consuming."""
-        for name in self._session.children(paths.RESHARD):
-            self._session.delete(f"{paths.RESHARD}/{name}")
-        aborted = self._session.delete(paths.RESHARD)
-        if aborted:
-            log.warning("reshard.aborted")
-        return aborted
+        for _ in range(_ABORT_ATTEMPTS):
+            for name in self._session.children(paths.RESHARD):
+                self._session.delete(f"{paths.RESHARD}/{name}")
+            try:
+                aborted = self._session.delete(paths.RESHARD)
+            except NotEmptyError:
+                continue  # a drained report landed meanwhile: remove it too
+            if aborted:
+                log.warning("reshard.aborted")
+            return aborted
+        raise CoordinationError(
+            f"{paths.RESHARD}: not removed after {_ABORT_ATTEMPTS} attempts (drained reports "
+            "kept arriving); run hakafka reshard --abort again"
+        )
 
     def watch(self, on_change: Callable[[], None]) -> None:
         """Call `on_change()` now and whenever `/reshard` is created, changed or deleted. It
@@ -105,16 +115,20 @@ class ReshardStore:
         """Report `shard` drained in the term of `info.token`; False if no reshard is in
         progress (any more). FencedError if that term is over."""
         path = paths.drained(shard)
+        stale = self._session.exists(path)  # an earlier term's report: replaced
         txn = self._session.transaction()
         txn.check(paths.epoch(shard), info.token)
-        txn.create(path, info.encode())
+        if stale is None:
+            txn.create(path, info.encode())
+        else:
+            txn.set_data(path, info.encode(), version=stale.version)
         first, second = self._session.commit(txn, path)
         if isinstance(first, (BadVersionError, NoNodeError)):
             raise FencedError(f"shard {shard}: drained report refused: epoch {info.epoch} is over")
-        if isinstance(second, NoNodeError):
+        if isinstance(second, NoNodeError) and self._session.exists(paths.RESHARD) is None:
             return False  # /reshard is gone: aborted or completed
-        if isinstance(second, Exception) and not isinstance(second, NodeExistsError):
-            raise CoordinationError(f"{path}: {second!r}")
+        if isinstance(second, Exception):
+            raise CoordinationError(f"{path}: {second!r} (retried at the next supervision)")
         log.info("reshard.drained", shard=shard, node=info.node, epoch=info.epoch)
         return True
 

@@ -154,7 +154,7 @@ class Daemon:
             for shard in config.shards
         ]
         self.guard = SettingsGuard(self.coordinator, config, self.runners)
-        self.reshard = ReshardFollower(self.coordinator, self.runners)
+        self.reshard = ReshardFollower(self.coordinator, self.guard, self.runners)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -176,8 +176,10 @@ class Daemon:
             self.spark.start()
         for runner in self.runners:
             runner.start()
-        self.guard.start()
+        # A term that begins during a reshard must begin drained: its state first.
         self.reshard.start()
+        self.reshard.poll()
+        self.guard.start()
         log.info(
             "daemon.started",
             node=self.config.node,

@@ -85,9 +85,9 @@ class _Candidacy:
 
 @dataclass(frozen=True)
 class _Reshard:
-    """A reshard started (`active`) or ended."""
+    """The reshard in progress (its `request` id), or None when none is."""
 
-    active: bool
+    request: str | None
 
 
 @dataclass
@@ -134,7 +134,8 @@ class ShardRunner:
         self.standing = False
         """True while this node is a candidate (or the leader) of the shard."""
         self._draining = False  # a reshard is in progress: pipelines drain, then hold
-        self._drained_reported = False  # this term's drained report is in /reshard/<shard>
+        self._reshard: str | None = None  # the id of that reshard
+        self._drained_reported = False  # this term's drained report for it is written
         self._log = log.bind(shard=shard)
 
     def start(self) -> None:
@@ -149,9 +150,10 @@ class ShardRunner:
         """Stop the pipelines as for a hand-over and leave the election until `stand()`."""
         self._events.put(_Candidacy(stand=False, reason=reason))
 
-    def reshard(self, active: bool) -> None:
-        """A reshard started (`active`: drain and hold) or ended (consume again)."""
-        self._events.put(_Reshard(active))
+    def reshard(self, request: str | None) -> None:
+        """The reshard in progress (an id: drain and hold, and report it) or None (it ended:
+        consume again)."""
+        self._events.put(_Reshard(request))
 
     def stop(self, grace: float) -> None:
         """Stop the pipelines (a flush may finish within `grace` s) and leave the election."""
@@ -190,7 +192,7 @@ class ShardRunner:
                     self._wanted = event
                     self._reconcile_candidacy()
                 elif isinstance(event, _Reshard):
-                    self._set_draining(event.active)
+                    self._set_draining(event.request)
                 elif event is None:
                     self._reconcile_candidacy()
                     self._supervise(time.monotonic())
@@ -247,12 +249,17 @@ class ShardRunner:
             if not self._restart(index, restarts):
                 return
 
-    def _set_draining(self, active: bool) -> None:
-        """Restart the term's pipelines in the mode a reshard wants (shard thread only)."""
+    def _set_draining(self, request: str | None) -> None:
+        """Restart the term's pipelines in the mode a reshard wants (shard thread only). A
+        suspended term restarts them when resumed."""
+        if request != self._reshard:
+            self._drained_reported = False  # another reshard: report to it
+        self._reshard = request
+        active = request is not None
         if active == self._draining:
             return
-        self._draining, self._drained_reported = active, False
-        self._log.info("reshard.draining" if active else "reshard.ended")
+        self._draining = active
+        self._log.info("reshard.draining" if active else "reshard.ended", request=request)
         leadership = self.leadership
         if self.pipelines and leadership is not None:
             self._stop_pipelines(HANDOVER_GRACE_S, reason="reshard")
@@ -332,6 +339,8 @@ class ShardRunner:
             self._log.info("leader.resumed", epoch=event.epoch)
             for p in self.pipelines:
                 p.resume()
+            if not self.pipelines:  # a reshard switched modes while the term was suspended
+                self._start_pipelines()
         elif isinstance(event, LostLeadership):
             self._log.warning("leader.lost", reason=event.reason)
             self._metrics.leader.labels(**labels).set(0)

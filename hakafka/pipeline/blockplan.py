@@ -106,7 +106,8 @@ def plan_block(block: PipelineBlock, rows_per_task: int) -> PlannedBlock:
     """Cut a sealed block into tasks of about `rows_per_task` rows along its offsets."""
     rows, dead = _sorted(block)
     bounds = {p: (r.first, r.last + 1) for (_, p), r in block.ranges.items()}
-    ranges = plan_tasks(rows, bounds, rows_per_task)
+    topics = ",".join(sorted({t for t, _ in block.ranges}))
+    ranges = plan_tasks(rows, bounds, rows_per_task, scope=topics)
     row_slices, dead_slices = _cut(block, rows, dead, ranges)
     records = tuple(
         TaskRecord(
@@ -171,7 +172,7 @@ def follow_plan(
 
 def _check_settings(block_id: str, recorded: dict[str, str], current: dict[str, str]) -> None:
     """Refuse a re-flush under settings that decode the block's offsets differently. Columns
-    may only have been added (their values are null for the block's rows)."""
+    may only have been added (their values are null for the block's rows) or made Nullable."""
     changed = [
         f"{key}: recorded {recorded.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(recorded) | set(current))
@@ -179,13 +180,20 @@ def _check_settings(block_id: str, recorded: dict[str, str], current: dict[str, 
     ]
     had = [c for c in recorded.get("columns", "").split(", ") if c]
     now = set(current.get("columns", "").split(", "))
-    if lost := [c for c in had if c not in now]:
+    # A column made Nullable keeps its values (WAL replay converts it so too).
+    if lost := [c for c in had if c not in now and _widened(c) not in now]:
         changed.append(f"columns {lost} were removed or retyped")
     if changed:
         raise BlockMismatchError(
             f"block {block_id} was planned under other pipeline settings ({'; '.join(changed)});"
             " restore them until the pending block is flushed (hakafka status shows it)"
         )
+
+
+def _widened(column: str) -> str:
+    """`name Type` as `name Nullable(Type)`."""
+    name, _, type_ = column.partition(" ")
+    return f"{name} Nullable({type_})"
 
 
 def _legacy(

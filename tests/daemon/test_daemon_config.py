@@ -169,6 +169,21 @@ def test_shards_must_be_below_shard_count(tmp_path: Path) -> None:
     )
 
 
+def test_explicit_partition_lists_cover_every_shard_once(tmp_path: Path) -> None:
+    # A shard without a list would read `p % shard_count`, overlapping the lists.
+    one = GOOD.replace("[pipelines.columns]", "partitions = {0 = [0, 1]}\n[pipelines.columns]")
+    assert (
+        "pipelines[0].partitions.1: missing; with explicit partition lists every shard needs "
+        "one (shards without: [1])"
+    ) in problems_of(tmp_path, one)
+    both = GOOD.replace(
+        "[pipelines.columns]", "partitions = {0 = [0, 1], 1 = [1, 2]}\n[pipelines.columns]"
+    )
+    assert "pipelines[0].partitions: partition 1 is assigned to shard 0 and to shard 1" in (
+        problems_of(tmp_path, both)
+    )
+
+
 def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the file"):
         load_config(tmp_path / "missing.toml")

@@ -21,6 +21,8 @@ from hakafka.coordination import (
     DrainedInfo,
     Leadership,
     LeadershipState,
+    Resumed,
+    Suspended,
 )
 from hakafka.daemon.shard import ShardRunner, restart_delay
 from hakafka.metrics import Metrics
@@ -137,7 +139,7 @@ def test_a_reshard_drains_the_term_reports_it_and_its_end_resumes_consuming(
     wait_for(lambda: h.fenced.checkpoint.get("events") == {0: 30}, "the first block committed")
     h.topic.produce(0, 20)
     wait_for(lambda: bool(shard.pipelines) and shard.pipelines[0].positions() == {0: 50}, "more")
-    shard.reshard(True)
+    shard.reshard("ops@1")
     wait_for(
         lambda: bool(shard.pipelines) and shard.pipelines[0].status.state is PipelineState.DRAINED,
         "the term's pipeline drained",
@@ -151,10 +153,40 @@ def test_a_reshard_drains_the_term_reports_it_and_its_end_resumes_consuming(
     time.sleep(1.2)  # two supervision ticks: a drained pipeline is not restarted
     assert shard.pipelines == [drained] and shard.healthy()
     assert h.fenced.checkpoint["events"] == {0: 50}
-    shard.reshard(False)
+    shard.reshard(None)
     wait_for(lambda: h.fenced.checkpoint.get("events") == {0: 60}, "consuming again")
     assert shard.pipelines[0].status.state is PipelineState.CONSUMING
     assert len(reshard.reports) == 1
+    shard.stop(0.0)
+    for p in made:
+        p.stop(0.0)
+
+
+def test_a_reshard_that_starts_while_the_term_is_suspended_drains_once_resumed(
+    runner: tuple[ShardRunner, Harness],
+) -> None:
+    shard, h = runner
+    made: list[PipelineLeader] = []
+
+    def make(_leadership: Leadership, only: str | None, drain: bool) -> list[PipelineLeader]:
+        made.append(h.leader(drain=drain))
+        return [made[-1]]
+
+    shard._make_pipelines = make
+    leadership = cast(Any, shard.leadership)
+    shard._thread.start()
+    shard._events.put(BecameLeader(epoch=1, token=1))
+    wait_for(lambda: bool(made) and made[0].status.state is PipelineState.CONSUMING, "consuming")
+    leadership.state = LeadershipState.SUSPENDED
+    shard._events.put(Suspended())
+    shard.reshard("ops@1")
+    wait_for(lambda: not shard.pipelines, "the consuming pipeline stopped")
+    time.sleep(0.6)  # a supervision tick: nothing starts while suspended
+    assert len(made) == 1
+    leadership.state = LeadershipState.LEADER
+    shard._events.put(Resumed(epoch=1, token=1))
+    wait_for(lambda: bool(cast(Any, shard._coordinator).reshard.reports), "the drained report")
+    assert [p.drain for p in made] == [False, True]
     shard.stop(0.0)
     for p in made:
         p.stop(0.0)

@@ -88,7 +88,9 @@ def test_notify_order_and_watchdog_stops_when_a_pipeline_fails(
     wait_for(lambda: sum("WATCHDOG=1" in m for _, m in received) >= 3, 30, "3 pings")
     first = received[0][1].splitlines()
     assert "READY=1" in first and f"MAINPID={node.pid}" in first
-    assert any(line.startswith("STATUS=shard 0: leader") for line in first), first
+    # READY comes once the node runs; it stands for election right after (not before).
+    assert any(line.startswith("STATUS=shard 0: ") for line in first), first
+    wait_for(lambda: any("STATUS=shard 0: leader" in m for _, m in received), 30, "leading")
     wait_for(lambda: any("lag 0" in m for _, m in received), 30, "STATUS with the lag")
 
     produce(stack.kafka, topic, 10, partitions=8, bad_every=10)  # #9 is malformed

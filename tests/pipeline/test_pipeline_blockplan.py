@@ -10,11 +10,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from buffer import OffsetRange
 from hakafka.config import Config
 from hakafka.coordination import PendingIntent
 from hakafka.pipeline import PipelineLeader, PipelineState
+from hakafka.pipeline.blockplan import BlockMismatchError, follow_plan, plan_block
+from hakafka.pipeline.buffer import PipelineBlock, make_block
 from tests.pipeline.fakes import (
     TOPIC,
     Harness,
@@ -131,3 +135,19 @@ def test_an_intent_without_a_plan_is_flushed_the_way_its_writer_did(
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the re-flush's checkpoint")
     assert list(h.sink.rows) == [f"{pending.block_id}:0"]
     assert h.sink.offsets() == [(0, o) for o in range(30)]
+
+
+def test_a_column_made_nullable_keeps_the_plan_and_a_retyped_one_does_not(tmp_path: Path) -> None:
+    def block() -> PipelineBlock:
+        rows = pa.table({"a": [1, 2, 3], "_partition": [0, 0, 0], "_offset": [0, 1, 2]})
+        return make_block("b", {("t", 0): OffsetRange(0, 2)}, rows, None)
+
+    planned = plan_block(block(), rows_per_task=2)
+    settings = (("columns", "a Int64"), ("format", "json"))
+    intent = PendingIntent("b", {"t": {0: (0, 3)}}, 1, planned.tasks, settings)
+    nullable = (("columns", "a Nullable(Int64), b Nullable(String)"), ("format", "json"))
+    assert [t.key for t in follow_plan(block(), intent, nullable, 100).rows] == [
+        t.key for t in planned.rows
+    ]
+    with pytest.raises(BlockMismatchError, match=r"columns \['a Int64'\] were removed or retyped"):
+        follow_plan(block(), intent, (("columns", "a String"), ("format", "json")), 100)

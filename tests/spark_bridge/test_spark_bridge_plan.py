@@ -70,3 +70,11 @@ def test_a_block_without_rows_is_one_task_over_its_offsets() -> None:
     tasks = plan_tasks(rows([]), {0: (3, 5), 2: (0, 1)}, 10)
     assert [t.spans for t in tasks] == [(Span(0, 3, 5), Span(2, 0, 1))]
     assert cut(rows([]), tasks, "b") == [(0, 0)]
+
+
+def test_the_same_offsets_of_another_topic_get_other_keys() -> None:
+    table = rows([(0, o) for o in range(4)])
+    orders = plan_tasks(table, {0: (0, 4)}, 2, scope="orders")
+    refunds = plan_tasks(table, {0: (0, 4)}, 2, scope="refunds")
+    assert [t.spans for t in orders] == [t.spans for t in refunds]
+    assert {t.key for t in orders}.isdisjoint({t.key for t in refunds})
