@@ -181,9 +181,18 @@ class PartitionConsumer:
         if error is not None:
             raise KafkaMetadataError(f"topic {self.topic}: metadata error {error.str()}")
         broken = {p: m.error.str() for p, m in topic.partitions.items() if m.error is not None}
-        if broken:
-            raise KafkaMetadataError(f"topic {self.topic}: partition metadata errors {broken}")
+        # Only errors of partitions this consumer reads hold it up (another shard's partition
+        # without a leader must not stop this one).
+        mine = {p: e for p, e in broken.items() if p in self._starts or self._owns(p)}
+        if mine:
+            raise KafkaMetadataError(f"topic {self.topic}: partition metadata errors {mine}")
         return sorted(topic.partitions)
+
+    def _owns(self, partition: int) -> bool:
+        if self._fixed is not None:
+            return partition in self._fixed
+        assert self._spec is not None
+        return bool(self._spec.select([partition]))
 
     def owned_partitions(self) -> list[int]:
         """The partitions this consumer should read, per the spec and current metadata."""

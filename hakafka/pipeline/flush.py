@@ -172,6 +172,7 @@ class FlushLane:
             name, topic = lane.config.name, lane.config.topic
             parts = {p: rng for (t, p), rng in block.ranges.items() if t == topic}
             if not intent_written:
+                self._check_not_below(block.block_id, parts)
                 intent = PendingIntent(
                     block.block_id,
                     {topic: {p: (r.first, r.last + 1) for p, r in parts.items()}},
@@ -218,6 +219,23 @@ class FlushLane:
             )
         finally:
             signals.flush_idle.set()
+
+    def _check_not_below(self, block_id: str, parts: dict[int, OffsetRange]) -> None:
+        """CheckpointRegressionError, before anything is written, if a new block starts below
+        the checkpoint: the consumer was reset below it (under `kafka.out_of_range =
+        "earliest"`, a topic recreated or truncated). Its offsets name other messages than
+        the committed ones, and their tokens may be in ClickHouse already."""
+        below = [
+            f"partition {p} starts at {rng.first}, checkpoint {self.checkpoint[p]}"
+            for p, rng in sorted(parts.items())
+            if rng.first < self.checkpoint.get(p, rng.first)
+        ]
+        if below:
+            raise CheckpointRegressionError(
+                f"block {block_id} starts below the committed checkpoint ({'; '.join(below)}): "
+                "the consumer was reset below it (topic recreated or truncated?); nothing "
+                "written. Move the checkpoint by hand to where the topic now starts."
+            )
 
     def _retry(self, what: str, block: PipelineBlock | None, call: Callable[[], T]) -> T:
         """`call()` until it succeeds, backing off from 0.5 s to 10 s; PipelineStopped if the

@@ -142,6 +142,18 @@ def test_metadata_errors_are_retried_with_backoff_while_the_lane_beats(
     assert "partition metadata errors {1: 'Broker: Leader not available'}" in out
 
 
+def test_an_error_of_another_shards_partition_does_not_hold_this_one_up(
+    client: list[StandInClient],
+) -> None:
+    two = PartitionConsumer("127.0.0.1:1", TOPIC, ShardAssignment(0, 2))
+    client[-1].answers = [answer([0, 1, 2, 3], p1=KafkaError.LEADER_NOT_AVAILABLE)]
+    assert two.assign({0: 5}) == [0, 2]
+    assert client[-1].assigned == [[(0, 5), (2, LOW)]]
+    client[-1].answers = [answer([0, 1, 2, 3], p2=KafkaError.LEADER_NOT_AVAILABLE)]
+    with pytest.raises(KafkaMetadataError, match=r"partition metadata errors \{2: "):
+        two.refresh_partitions()
+
+
 def test_a_stop_ends_the_metadata_retries(client: list[StandInClient], tmp_path: Path) -> None:
     pc, _ = consumer(client, answer([0], error=KafkaError.LEADER_NOT_AVAILABLE))
     lane = Harness(tmp_path, pipeline_config(), Topic(partitions=1)).consume_lane()

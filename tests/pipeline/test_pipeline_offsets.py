@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from buffer import OffsetRange
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.replay import record_ranges
-from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, start, wait_for
+from tests.pipeline.fakes import (
+    TOPIC,
+    FakeConsumer,
+    Harness,
+    Topic,
+    pipeline_config,
+    start,
+    wait_for,
+)
 from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term
 from wal import WriteAheadLog
 
@@ -119,3 +129,23 @@ def test_a_checkpoint_that_would_move_backwards_fails_the_pipeline_and_writes_no
     assert h.fenced.checkpoint == {TOPIC: {0: 10_000}} and h.fenced.commits == commits
     assert h.fenced.pending is not None, "the intent stays for whoever looks next"
     assert h.sink.attempts == 2, "the flush was not retried"
+
+
+def test_a_consumer_reset_below_the_checkpoint_stops_before_anything_is_written(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The topic was recreated: under out_of_range = "earliest" the consumer starts over at
+    # 0, below the checkpoint (50). Offsets 0.. now name other messages than those flushed.
+    topic = Topic(partitions=1)
+    topic.produce(0, 30)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.fenced.checkpoint = {TOPIC: {0: 50}}
+    assign = FakeConsumer.assign
+    monkeypatch.setattr(FakeConsumer, "assign", lambda self, _starts: assign(self, {}))
+    leader = start(h, leaders)
+    wait_for(lambda: leader.status.state is PipelineState.FAILED, "the refusal")
+    assert ("starts below the committed checkpoint (partition 0 starts at 0, checkpoint 50)") in (
+        leader.status.error or ""
+    )
+    assert not leader.status.restartable
+    assert h.fenced.pending is None and h.sink.attempts == 0, "nothing written"
