@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
+from buffer.limits import ServerLimits
 from buffer.snapshot import Snapshot
 from buffer.sql import Forward, QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
 
@@ -41,7 +43,10 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     engine's message first), refused -> unauthorized, timeout -> timed out; a wrong or
     missing token when ``token`` is set -> unauthenticated. ``forward`` may answer a query
     elsewhere first (with no parameters: a ticket is only SQL); if it fails, the client gets
-    an unavailable error naming why.
+    an unavailable error naming why. A ticket that is not UTF-8 gets a server error saying
+    so; over ``limits.max_concurrent_queries`` running queries, an unavailable error at once.
+    Errors of the Flight kinds carry no server traceback (pyarrow attaches one to any other
+    exception, ``ArrowInvalid`` included, so bad SQL's answer names this module's frames).
     It serves from construction until ``shutdown()``. Do not call ``serve()`` in a process
     that handles signals: it only waits, and while it waits Arrow's own SIGINT/SIGTERM
     handler replaces the process's; with a second Flight server in the process (a flush
@@ -54,12 +59,16 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
+        *,
         forward: Forward | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         super().__init__(f"grpc://{host}:{port}", middleware={"auth": _BearerFactory(token)})
         self.engine = engine
         self.host = host
         self._forward = forward
+        self._cap = (limits or ServerLimits()).max_concurrent_queries
+        self._queries = threading.BoundedSemaphore(self._cap)
 
     @property
     def location(self) -> str:
@@ -67,7 +76,18 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         return f"grpc://{self.host}:{self.port}"
 
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
-        sql = ticket.ticket.decode()
+        try:
+            sql = ticket.ticket.decode()
+        except UnicodeDecodeError as exc:
+            raise fl.FlightServerError(f"the ticket is not UTF-8 SQL: {exc.reason}") from None
+        if not self._queries.acquire(blocking=False):
+            raise fl.FlightUnavailableError(f"{self._cap} queries running; retry later")
+        try:
+            return self._answer(sql)
+        finally:
+            self._queries.release()
+
+    def _answer(self, sql: str) -> fl.RecordBatchStream:
         try:
             forwarded = self._forward(sql, {}) if self._forward is not None else None
         except Exception as exc:  # the place it forwards to is unreachable or refused it

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from buffer.auth import bearer_ok
 from buffer.formats import Format, choose_format, encode
+from buffer.limits import ServerLimits
 from buffer.sql import Forward, QueryError, SqlEngine
 
-MAX_BODY_BYTES = 1 << 20
+_DIGITS = re.compile(r"[0-9]+")
+# Sent by the accepting thread to a connection over `max_connections`: no handler, no parsing.
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
+)
 
 
 @dataclass(frozen=True)
@@ -27,40 +35,82 @@ class Route:
     public: bool = False
 
 
+@dataclass(frozen=True)
+class _Refusal:
+    status: int
+    kind: str
+    message: str
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # Bounds every read and write; handle_one_request drops the connection on a timeout.
+        self.connection.settimeout(self.server.limits.request_timeout)
 
     def log_message(self, format: str, *args: object) -> None:
         """Silence the per-request stderr log (the URL may hold SQL)."""
 
     def do_GET(self) -> None:
-        self._handle(body=None)
+        self._serve(post=False)
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self._error(413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
-            self.close_connection = True
-            return
-        self._handle(body=self.rfile.read(length))
+        self._serve(post=True)
 
-    def _handle(self, body: bytes | None) -> None:
+    def _serve(self, post: bool) -> None:
+        """Route and token from the headers first; only then, for POST /query, the body."""
         url = urlsplit(self.path)
+        body: bytes | None = None
+        refusal = self._refusal(url.path, post)
+        if refusal is None and post:
+            body, refusal = self._read_body()
+        elif "Content-Length" in self.headers or "Transfer-Encoding" in self.headers:
+            # A body left unread would be parsed as the next request.
+            self.close_connection = True
+        if refusal is not None:
+            self._error(refusal.status, refusal.kind, refusal.message)
+            return
         route = self.server.routes.get(url.path)
-        if url.path != "/query" and route is None:
-            known = ", ".join(sorted(["/query", *self.server.routes]))
-            self._error(404, "not_found", f"no endpoint {url.path}; use one of {known}")
-            return
-        public = route is not None and route.public
-        if not public and not bearer_ok(self.server.token, self.headers.get("Authorization")):
-            self._error(401, "unauthenticated", "missing or wrong bearer token")
-            return
         if route is not None:
             status, content_type, payload = route.handler()
             self._send_raw(status, content_type, payload)
             return
-        params = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        self._query(url.query, body)
+
+    def _refusal(self, path: str, post: bool) -> _Refusal | None:
+        route = self.server.routes.get(path)
+        if path != "/query" and route is None:
+            known = ", ".join(sorted(["/query", *self.server.routes]))
+            return _Refusal(404, "not_found", f"no endpoint {path}; use one of {known}")
+        public = route is not None and route.public
+        if not public and not bearer_ok(self.server.token, self.headers.get("Authorization")):
+            return _Refusal(401, "unauthenticated", "missing or wrong bearer token")
+        if post and route is not None:
+            return _Refusal(405, "method_not_allowed", f"{path} answers GET only")
+        return None
+
+    def _read_body(self) -> tuple[bytes | None, _Refusal | None]:
+        """The declared body, read only when its length is a valid one within the cap."""
+        cap = self.server.limits.max_request_bytes
+        lengths = self.headers.get_all("Content-Length") or []
+        refusal = None
+        if "Transfer-Encoding" in self.headers or not lengths:
+            refusal = _Refusal(411, "length_required", "POST needs a Content-Length (no chunks)")
+        elif len(set(lengths)) > 1 or not _DIGITS.fullmatch(lengths[0].strip()):
+            given = ", ".join(lengths)[:40]
+            refusal = _Refusal(400, "bad_request", f"Content-Length {given!r} is not a length")
+        elif int(lengths[0]) > cap:
+            refusal = _Refusal(413, "too_large", f"request body over {cap} bytes")
+        if refusal is not None:
+            self.close_connection = True
+            return None, refusal
+        return self.rfile.read(int(lengths[0])), None
+
+    def _query(self, query: str, body: bytes | None) -> None:
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
         if body:
             if (self.headers.get("Content-Type") or "").startswith("application/json"):
                 try:
@@ -79,6 +129,17 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._error(400, "bad_request", str(exc))
             return
+        queries = self.server.queries
+        if not queries.acquire(blocking=False):
+            cap = self.server.limits.max_concurrent_queries
+            self._error(429, "too_many_queries", f"{cap} queries running; retry later")
+            return
+        try:
+            self._run(params, fmt)
+        finally:
+            queries.release()
+
+    def _run(self, params: dict[str, str], fmt: Format) -> None:
         try:
             forwarded = self.server.forward(params["sql"], params) if self.server.forward else None
             table = forwarded if forwarded is not None else self.server.engine.query(params["sql"])
@@ -103,6 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if status == 401:
             self.send_header("WWW-Authenticate", "Bearer")
+        if status == 429:
+            self.send_header("Retry-After", "1")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -113,16 +178,45 @@ class _Server(ThreadingHTTPServer):
     def __init__(
         self,
         address: tuple[str, int],
+        *,
         engine: SqlEngine,
         token: str | None,
         routes: Mapping[str, Route],
         forward: Forward | None,
+        limits: ServerLimits,
     ) -> None:
         super().__init__(address, _Handler)
         self.engine = engine
         self.token = token
         self.routes = dict(routes)
         self.forward = forward
+        self.limits = limits
+        self.connections = threading.BoundedSemaphore(limits.max_connections)
+        self.queries = threading.BoundedSemaphore(limits.max_concurrent_queries)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A handler thread per connection while under `max_connections`; else 503 and close."""
+        if not self.connections.acquire(blocking=False):
+            message = f"{self.limits.max_connections} connections open; retry later"
+            body = json.dumps({"error": "too_many_connections", "message": message}).encode()
+            try:
+                request.settimeout(1.0)  # a fresh socket's send buffer takes this at once
+                request.sendall(_BUSY % (len(body), body))
+            except OSError:
+                pass  # the client is gone or not reading: nothing to tell it
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
 
 class HttpQueryServer:
@@ -133,6 +227,12 @@ class HttpQueryServer:
     decides, default JSON. Status: 200, 400 bad SQL (DuckDB's message) or row limit,
     401 missing/wrong bearer token, 403 refused by the sandbox, 408 timeout; errors are
     JSON ``{"error": kind, "message": text}``.
+
+    ``limits`` bound each client: the route and token are checked before any body is read;
+    a POST body needs a valid Content-Length within ``max_request_bytes`` (411 none or
+    chunked, 400 not a length, 413 too large; the connection is then closed); a socket read
+    waits at most ``request_timeout``; connections over ``max_connections`` get 503 and
+    queries over ``max_concurrent_queries`` get 429, both at once.
 
     ``routes`` adds GET endpoints (a daemon's /health, /metrics...); ``forward`` may answer a
     query elsewhere (502 if that fails).
@@ -147,8 +247,16 @@ class HttpQueryServer:
         *,
         routes: Mapping[str, Route] | None = None,
         forward: Forward | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
-        self._server = _Server((host, port), engine, token, routes or {}, forward)
+        self._server = _Server(
+            (host, port),
+            engine=engine,
+            token=token,
+            routes=routes or {},
+            forward=forward,
+            limits=limits or ServerLimits(),
+        )
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="buffer-http", daemon=True
         )
