@@ -164,6 +164,11 @@ class NodeServerConfig:
     token: Secret = field(default=Secret(""), metadata={"env": ENV_SERVER_TOKEN})
     # A pipeline thread without progress for this long is stuck: not ready, no watchdog ping.
     stuck_after: float = 120.0
+    # Bounds per client of the query servers (buffer.limits.ServerLimits).
+    max_request_bytes: int = 1 << 20
+    request_timeout: float = 10.0
+    max_connections: int = 64
+    max_concurrent_queries: int = 4
 
 
 @dataclass(frozen=True)

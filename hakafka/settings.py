@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from buffer import Thresholds
+from buffer.limits import ServerLimits
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import (
     DEAD_LETTER_COLUMNS,
@@ -77,6 +78,17 @@ def decoder_of(pipeline: PipelineConfig, schema: PipelineSchema) -> Decoder:
 
 
 # -- buffer and WAL ------------------------------------------------------------------------
+
+
+def server_limits(config: Config) -> ServerLimits:
+    """The `[server]` bounds on each client of the HTTP and Flight query servers."""
+    s = config.server
+    return ServerLimits(
+        max_request_bytes=s.max_request_bytes,
+        request_timeout=s.request_timeout,
+        max_connections=s.max_connections,
+        max_concurrent_queries=s.max_concurrent_queries,
+    )
 
 
 def thresholds_of(pipeline: PipelineConfig) -> Thresholds:

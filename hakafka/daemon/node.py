@@ -45,7 +45,7 @@ from hakafka.faults import CrashPlan
 from hakafka.logs import LogSink
 from hakafka.metrics import Metrics
 from hakafka.sdnotify import Notifier
-from hakafka.settings import spark_settings, zk_config
+from hakafka.settings import server_limits, spark_settings, zk_config
 from spark_bridge import SparkRuntime
 
 log = structlog.get_logger("hakafka.daemon")
@@ -103,9 +103,15 @@ class Daemon:
         self._reopen_logs = threading.Event()
         token = config.server.token.value or None
         flight_ep, http_ep = config.server.flight, config.server.http
+        limits = server_limits(config)
         with _listening("server.flight", str(flight_ep)):
             self.flight = FlightQueryServer(
-                self.engine, flight_ep.host, flight_ep.port, token, forward=self._forward
+                self.engine,
+                flight_ep.host,
+                flight_ep.port,
+                token,
+                forward=self._forward,
+                limits=limits,
             )
         with _listening("server.http", str(http_ep)):
             self.http = HttpQueryServer(
@@ -120,6 +126,7 @@ class Daemon:
                     "/metrics": Route(self._metrics_route, public=True),
                 },
                 forward=self._forward,
+                limits=limits,
             )
         host = socket.gethostname()
         self.coordinator = Coordinator(
