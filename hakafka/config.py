@@ -3,7 +3,9 @@
 `load_config(path)` returns a `Config` or raises `ConfigError` listing every problem, each
 naming its key (`pipelines[0].buffer.max_rows`) and what is allowed. Unknown keys are errors
 (a typo must not silently fall back to a default). Secrets come from files or environment
-variables and never appear in `repr()` or logs.
+variables and never appear in `repr()`, logs or config errors; an environment variable set
+but empty is an error (it would override a `*_file` and turn auth off). The query servers
+fail closed: binding a non-loopback address without a token is an error.
 
 Each key is declared once, as a field of its section's dataclass: its name is the TOML key,
 its default the default, its kind that of the default, and an extra rule (`_checked`) or a
@@ -18,6 +20,7 @@ holds the member.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -262,7 +265,10 @@ class _Reader:
         *,
         required: bool = False,
         check: Callable[[Any], str | None] | None = None,
+        secret: bool = False,
     ) -> T:
+        """The value of key `name` as `kind`, or `default` with a problem recorded; a
+        `secret` value is never quoted in the problem."""
         self.seen.add(name)
         if name not in self.data:
             if required:
@@ -275,7 +281,8 @@ class _Reader:
             value = float(value)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             names = " or ".join(_type_name(k) for k in kinds)
-            self.problem(name, f"must be {names}, got {_type_name(type(value))} {value!r}")
+            shown = "" if secret else f" {value!r}"
+            self.problem(name, f"must be {names}, got {_type_name(type(value))}{shown}")
             return default  # type: ignore[return-value]
         if check is not None and (text := check(value)) is not None:
             self.problem(name, text)
@@ -302,15 +309,25 @@ class _Reader:
     def positive(self, name: str, kind: type[T], default: T) -> T:
         return self.get(name, kind, default, check=_positive)
 
+    def env(self, name: str, env_var: str) -> str | None:
+        """The environment variable `env_var` (overriding key `name`), None if unset; set but
+        empty is a problem (it would silently override a `*_file` and turn auth off)."""
+        value = os.environ.get(env_var)
+        if value == "":
+            self.problem(name, f"the environment variable {env_var} is set but empty; unset it")
+        return value
+
     def secret(self, name: str, env_var: str) -> Secret:
         """A secret from `<name>` (inline), `<name>_file` (a file) or the environment."""
-        inline = self.get(name, str, "")
+        inline = self.get(name, str, "", secret=True)
         file_name = self.get(f"{name}_file", str, "")
-        if env_var in os.environ:
-            return Secret(os.environ[env_var])
+        if (from_env := self.env(name, env_var)) is not None:
+            return Secret(from_env)
         if file_name:
             try:
-                return Secret(Path(file_name).read_text().strip())
+                if value := Path(file_name).read_text().strip():
+                    return Secret(value)
+                self.problem(f"{name}_file", f"{file_name} is empty")
             except OSError as exc:
                 self.problem(f"{name}_file", f"cannot read {file_name}: {exc.strerror}")
         return Secret(inline)
@@ -396,9 +413,11 @@ def _kafka(r: _Reader) -> KafkaConfig:
             settings[key] = str(value)
         else:
             settings_reader.problem(key, "must be a string, number or boolean (librdkafka setting)")
-    for name, value in os.environ.items():
+    for name in os.environ:
         if name.startswith(ENV_KAFKA_PREFIX) and name != "HAKAFKA_KAFKA_BOOTSTRAP":
-            settings[name.removeprefix(ENV_KAFKA_PREFIX).lower().replace("_", ".")] = value
+            key = name.removeprefix(ENV_KAFKA_PREFIX).lower().replace("_", ".")
+            if (value := settings_reader.env(key, name)) is not None:
+                settings[key] = value
     for reserved in ("bootstrap.servers", "enable.auto.commit", "group.id"):
         if reserved in settings:
             settings_reader.problem(reserved, "is managed by hakafka; remove it")
@@ -450,6 +469,29 @@ def _spark(r: _Reader) -> SparkConfig:
         conf_reader.seen.add(key)
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
     return r.section(SparkConfig, conf=conf)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether `host` (`[::1]` brackets allowed) is localhost or in 127.0.0.0/8 or ::1."""
+    bare = host.removeprefix("[").removesuffix("]")
+    try:
+        return bare == "localhost" or ipaddress.ip_address(bare).is_loopback
+    except ValueError:  # any other host name may resolve anywhere
+        return False
+
+
+def _server(r: _Reader) -> NodeServerConfig:
+    """`[server]`, failing closed: a bind other hosts can reach needs a token."""
+    s = r.section(NodeServerConfig)
+    for name in ("http", "flight"):
+        host = getattr(s, name).host
+        if not s.token and not _is_loopback(host):
+            r.problem(
+                name,
+                f"binds {host}, reachable from other hosts, without a token; set "
+                f"server.token_file (or {ENV_SERVER_TOKEN}), or bind 127.0.0.1",
+            )
+    return s
 
 
 def _buffer(r: _Reader) -> PipelineBufferConfig:
@@ -595,7 +637,7 @@ def parse_config(
         kafka=_kafka(r.table("kafka", required=True)),
         clickhouse=_clickhouse(r.table("clickhouse", required=True), shard_tuple),
         spark=_spark(r.table("spark")),
-        server=r.table("server").section(NodeServerConfig),
+        server=_server(r.table("server")),
         pipelines=tuple(pipelines),
         source=source,
     )

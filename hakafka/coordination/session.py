@@ -8,7 +8,7 @@ when the connection dropped while the call was in flight.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -46,7 +46,7 @@ class ZkConfig:
     session_timeout_s: float = 6.0
     connect_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
-    auth: tuple[str, str] | None = None
+    auth: tuple[str, str] | None = field(default=None, repr=False)  # holds the password
 
     def __post_init__(self) -> None:
         if not self.hosts or "/" in self.hosts:

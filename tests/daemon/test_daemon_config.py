@@ -25,6 +25,7 @@ from hakafka.config import (
     parse_config,
 )
 from hakafka.consumer import Format, OnError, OutOfRange
+from hakafka.settings import zk_config
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
 
@@ -119,6 +120,89 @@ def test_password_file(tmp_path: Path) -> None:
     secret.write_text("from-file\n")
     text = GOOD.replace('password = "ch-secret"', f'password_file = "{secret}"')
     assert load_config(write(tmp_path, text)).clickhouse.password.value == "from-file"
+
+
+def without_env_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in os.environ:
+        if name.startswith("HAKAFKA_"):  # secrets and Kafka settings from the environment
+            monkeypatch.delenv(name)
+
+
+def test_non_loopback_bind_without_token_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without_env_secrets(monkeypatch)
+    public = GOOD + '\n[server]\nhttp = "0.0.0.0:8300"\nflight = "10.1.2.3:8301"\n'
+    assert problems_of(tmp_path, public) == [
+        "server.http: binds 0.0.0.0, reachable from other hosts, without a token; set "
+        "server.token_file (or HAKAFKA_SERVER_TOKEN), or bind 127.0.0.1",
+        "server.flight: binds 10.1.2.3, reachable from other hosts, without a token; set "
+        "server.token_file (or HAKAFKA_SERVER_TOKEN), or bind 127.0.0.1",
+    ]
+    token = tmp_path / "server.token"
+    token.write_text("s3cret\n")
+    with_token = public + f'token_file = "{token}"\n'
+    assert load_config(write(tmp_path, with_token)).server.token.value == "s3cret"
+    monkeypatch.setenv("HAKAFKA_SERVER_TOKEN", "from-env")
+    assert load_config(write(tmp_path, public)).server.token.value == "from-env"
+    monkeypatch.delenv("HAKAFKA_SERVER_TOKEN")
+    for http, flight in (("127.0.0.2:8300", "localhost:8301"), ("[::1]:8300", "::1:8301")):
+        loopback = GOOD + f'\n[server]\nhttp = "{http}"\nflight = "{flight}"\n'
+        assert not load_config(write(tmp_path, loopback)).server.token
+
+
+def test_empty_secret_variable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An empty variable would override token_file and silently turn auth off.
+    without_env_secrets(monkeypatch)
+    token = tmp_path / "server.token"
+    token.write_text("s3cret\n")
+    text = GOOD + f'\n[server]\ntoken_file = "{token}"\n'
+    for name in (
+        "HAKAFKA_SERVER_TOKEN",
+        "HAKAFKA_CLICKHOUSE_PASSWORD",
+        "HAKAFKA_KAFKA_SASL_PASSWORD",
+    ):
+        monkeypatch.setenv(name, "")
+    assert problems_of(tmp_path, text) == [
+        "kafka.settings.sasl.password: the environment variable HAKAFKA_KAFKA_SASL_PASSWORD is "
+        "set but empty; unset it",
+        "clickhouse.password: the environment variable HAKAFKA_CLICKHOUSE_PASSWORD is set but "
+        "empty; unset it",
+        "server.token: the environment variable HAKAFKA_SERVER_TOKEN is set but empty; unset it",
+    ]
+
+
+def test_empty_secret_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_env_secrets(monkeypatch)
+    token = tmp_path / "server.token"
+    token.write_text("\n")
+    text = GOOD + f'\n[server]\ntoken_file = "{token}"\n'
+    assert problems_of(tmp_path, text) == [f"server.token_file: {token} is empty"]
+
+
+def test_mistyped_secret_is_not_echoed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_env_secrets(monkeypatch)
+    text = GOOD.replace('password = "ch-secret"', "password = 987654321")
+    text += '\n[server]\ntoken = ["tok-246813579"]\n'
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert err.value.problems == [
+        "clickhouse.password: must be a string, got an integer",
+        "server.token: must be a string, got an array",
+    ]
+    assert "987654321" not in str(err.value) and "246813579" not in str(err.value)
+
+
+def test_zookeeper_password_never_in_repr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_env_secrets(monkeypatch)
+    text = GOOD.replace(
+        'root = "/hakafka/test"',
+        'root = "/hakafka/test"\nauth_user = "hakafka"\nauth_password = "zk-secret-pw"',
+    )
+    config = load_config(write(tmp_path, text))
+    zk = zk_config(config)
+    assert zk.auth == ("hakafka", "zk-secret-pw")
+    assert "zk-secret-pw" not in repr(zk) and "zk-secret-pw" not in repr(config)
 
 
 def test_every_problem_named_with_its_key(tmp_path: Path) -> None:
@@ -255,9 +339,7 @@ def test_every_choice_names_the_enum_values(tmp_path: Path) -> None:
 
 
 def test_left_out_keys_take_the_dataclass_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in os.environ:
-        if name.startswith("HAKAFKA_"):  # secrets and Kafka settings from the environment
-            monkeypatch.delenv(name)
+    without_env_secrets(monkeypatch)
     config = parse_config(
         {
             "node": "n1",
