@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kazoo.client import KazooClient
+
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import StackEndpoints
 from devstack.kafka import KafkaBroker
@@ -49,3 +51,15 @@ def local_stack(prefix: str) -> Iterator[Bench]:
     finally:
         for service in (ch, broker, zk):
             service.stop()
+
+
+class ZkView:
+    """A ZooKeeper session of the bench's own, chrooted at a cluster's root; `close` ends it."""
+
+    def __init__(self, hosts: str, root: str) -> None:
+        self.client = KazooClient(hosts=f"{hosts}{root}", timeout=10.0)
+        self.client.start(timeout=15)
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()

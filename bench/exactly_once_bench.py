@@ -53,10 +53,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from benchstack import Bench, local_stack
+from benchstack import Bench, ZkView, local_stack
 from confluent_kafka import Producer
 from e2e_bench import COLUMNS, SESSION_TIMEOUT, ZK_ROOT, message
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from buffer import OffsetRange
@@ -341,16 +340,8 @@ class Load:
         return self.sent / self.seconds if self.seconds else 0.0
 
 
-class Leaders:
+class Leaders(ZkView):
     """The `leader` znodes of a cluster's shards, read from a ZooKeeper session of the bench's."""
-
-    def __init__(self, hosts: str, root: str) -> None:
-        self.client = KazooClient(hosts=f"{hosts}{root}", timeout=10.0)
-        self.client.start(timeout=15)
-
-    def close(self) -> None:
-        self.client.stop()
-        self.client.close()
 
     def consuming(self, shard: int, led_by: Callable[[str], bool]) -> float | None:
         """When (Unix time, the ZooKeeper server's stamp) the shard's leader last wrote its

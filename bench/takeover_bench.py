@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchstack import Bench, local_stack
+from benchstack import Bench, ZkView, local_stack
 from confluent_kafka import Producer
 from e2e_bench import (
     PARTITIONS,
@@ -65,7 +65,6 @@ from e2e_bench import (
     wait,
 )
 from failover_bench import watch_baseline
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from devstack.chaos import log_events
@@ -194,17 +193,8 @@ def producing(bootstrap: str, topic: str, rate: int) -> Iterator[Production]:
         production.stop()
 
 
-class ShardView:
+class ShardView(ZkView):
     """Shard 0's znodes, read from a ZooKeeper session of the bench's own."""
-
-    def __init__(self, hosts: str, root: str) -> None:
-        self.client = KazooClient(hosts=f"{hosts}{root}", timeout=10.0)
-        self.client.start(timeout=15)
-
-    def close(self) -> None:
-        self.client.stop()
-        self.client.close()
-        self.client.close()
 
     def leader(self) -> tuple[LeaderInfo, Any] | None:
         """The leader record and its znode stat, or None while there is no leader."""
