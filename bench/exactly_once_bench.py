@@ -44,7 +44,6 @@ import gc
 import itertools
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -61,7 +60,7 @@ from kazoo.exceptions import NoNodeError
 from buffer import OffsetRange
 from devstack.chaos import log_events
 from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec
-from devstack.process import wait_until
+from devstack.process import run_hakafka, wait_until
 from devstack.records import EVENT_COLUMNS, Tally, create_topic, event, tally
 from hakafka.config import META_COLUMNS, ColumnConfig, PipelineConfig
 from hakafka.consumer import (
@@ -409,18 +408,11 @@ def command_seconds(*args: str, accept: Sequence[int] = (0,)) -> float:
     """Wall seconds of `hakafka ARGS` run as an operator does; SystemExit with its output if
     its exit code is not in `accept`."""
     began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "hakafka.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-        check=False,
-    )
+    done = run_hakafka(args, COMMAND_TIMEOUT_S)
     took = time.monotonic() - began
     if done.returncode not in accept:
-        raise SystemExit(
-            f"hakafka {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
-        )
+        output = (done.stdout + done.stderr).decode(errors="replace")
+        raise SystemExit(f"hakafka {' '.join(args)} exited {done.returncode}:\n{output}")
     return took
 
 

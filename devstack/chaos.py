@@ -60,7 +60,7 @@ from kazoo.client import KazooClient
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import DaemonNode, LocalCluster
 from devstack.kafka import KafkaBroker
-from devstack.process import LOOPBACK, DevstackError, ManagedProcess, wait_until
+from devstack.process import LOOPBACK, DevstackError, ManagedProcess, run_hakafka, wait_until
 from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.config import load_config
 from hakafka.coordination import paths
@@ -1269,16 +1269,10 @@ def _hakafka(args: Sequence[str], timeout: float) -> tuple[bool, str]:
     """Run `hakafka ARGS` (bounded by `timeout` s): whether it exited 0, and its output
     (the last lines of it, joined by " | ", when it did not)."""
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "hakafka.cli", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        done = run_hakafka(args, timeout)
     except subprocess.TimeoutExpired:
         return False, f"hakafka {' '.join(args)}: no answer within {timeout:g} s"
-    output = done.stdout + done.stderr
+    output = (done.stdout + done.stderr).decode(errors="replace")
     if done.returncode == 0:
         return True, output
     tail = [line.strip() for line in output.splitlines() if line.strip()][-3:]

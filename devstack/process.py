@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -252,3 +253,14 @@ class ManagedProcess:
         """Send `sig` to the process (for fault injection); does not wait."""
         if self.popen is not None and self.popen.poll() is None:
             os.kill(self.popen.pid, sig)
+
+
+def run_hakafka(args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """`hakafka ARGS` as an operator runs it: a child process of this Python, its output
+    captured, waited for at most `timeout` s (`subprocess.TimeoutExpired` after)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hakafka.cli", *args],
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )

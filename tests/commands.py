@@ -4,10 +4,10 @@ the edits tests make to the config files of `devstack` clusters."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from devstack.process import run_hakafka
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,7 @@ class Run:
 
 def hakafka(*args: str, timeout: float = 240.0) -> Run:
     """Run `hakafka ARGS...` as a child process; its exit code and output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "hakafka.cli", *args],
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
+    done = run_hakafka(args, timeout)
     return Run(
         done.returncode,
         done.stdout.decode(errors="replace"),
