@@ -5,28 +5,19 @@ the real local stack."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
+from devstack.process import wait_until
 from devstack.records import create_topic
 from tests.commands import edit, hakafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 SHARDS = [0, 1]
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def candidates(stack: StackEndpoints, zk_root: str) -> dict[int, list[str]]:
@@ -101,7 +92,12 @@ def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_th
     # differs and still stands nowhere.
     updated = hakafka("init", "--update", "--config", str(n3.config_path))
     assert updated.code == 0, updated.err
-    wait_for(lambda: cluster.leaders() == {0: "n3", 1: "n3"}, 120, "n3 to lead both shards")
+    wait_until(
+        lambda: cluster.leaders() == {0: "n3", 1: "n3"},
+        timeout=120,
+        what="n3 to lead both shards",
+        interval=0.5,
+    )
     assert candidates(stack, zk_root) == {0: ["n3"], 1: ["n3"]}
     (removed,) = drift_of(n1)
     assert removed.startswith(
@@ -113,6 +109,6 @@ def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_th
     }
     assert drift_of(n3) == []
     # n2 compares again too: it still differs in on_error, and now also lacks the column.
-    wait_for(lambda: len(drift_of(n2)) == 2, 30, "n2 to compare with the new record")
+    wait_until(lambda: len(drift_of(n2)) == 2, timeout=30, what="n2 to compare again", interval=0.5)
     assert sorted(d.split(":")[1].strip() for d in drift_of(n2)) == ["columns.note", "on_error"]
     assert all(n.alive() for n in (n1, n2, n3))
