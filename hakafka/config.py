@@ -30,6 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from buffer.limits import ServerLimits
 from hakafka.consumer import ALWAYS_META, Format, OnError, OutOfRange, check_explicit_assignment
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from spark_bridge.tables import Engine
@@ -167,11 +168,11 @@ class NodeServerConfig:
     token: Secret = field(default=Secret(""), metadata={"env": ENV_SERVER_TOKEN})
     # A pipeline thread without progress for this long is stuck: not ready, no watchdog ping.
     stuck_after: float = 120.0
-    # Bounds per client of the query servers (buffer.limits.ServerLimits).
-    max_request_bytes: int = 1 << 20
-    request_timeout: float = 10.0
-    max_connections: int = 64
-    max_concurrent_queries: int = 4
+    # Bounds per client of the query servers: the library's defaults, declared there.
+    max_request_bytes: int = ServerLimits.max_request_bytes
+    request_timeout: float = ServerLimits.request_timeout
+    max_connections: int = ServerLimits.max_connections
+    max_concurrent_queries: int = ServerLimits.max_concurrent_queries
 
 
 @dataclass(frozen=True)
