@@ -317,7 +317,8 @@ class Daemon:
             started_at=self.started_at,
             healthy=self.healthy(),
         )
-        status["settings_drift"] = [str(d) for d in self.guard.drift]
+        drift = self.guard.drift
+        status["settings_drift"] = None if drift is None else [str(d) for d in drift]
         return 200, "application/json", json.dumps(status, default=str).encode()
 
     def _metrics_route(self) -> tuple[int, str, bytes]:

@@ -13,10 +13,11 @@ A drifting node stays up rather than exit with a `StartupError`: under systemd
 (`Restart=always`) an exit would restart it in a loop, flooding the journal with start-ups
 while `hakafka status` would only show the node as not running, without the reason. Up, it
 stays registered and healthy (the watchdog is fed: nothing is broken in the process), its
-`/status` carries `settings_drift` (which `hakafka status` shows for the node), the journal
-has one `settings.drift` event per comparison, and the node takes part again without a
-restart once the record changes to agree with it: configs can be rolled out node by node,
-then recorded with `hakafka init --update`, and the new nodes take over at once.
+`/status` carries `settings_drift` (which `hakafka status` shows for the node; null until the
+first comparison), the journal has one `settings.drift` event per comparison, and the node
+takes part again without a restart once the record changes to agree with it: configs can be
+rolled out node by node, then recorded with `hakafka init --update`, and the new nodes take
+over at once.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class SettingsGuard:
         self._config = config
         self._runners = list(runners)
         self._changed = threading.Event()
-        self.drift: tuple[Difference, ...] = ()
-        """The differences that keep this node out of every election (empty: it stands)."""
+        self.drift: tuple[Difference, ...] | None = None
+        """The differences that keep this node out of every election (empty: it stands; None:
+        not compared yet, during start-up)."""
 
     def start(self) -> None:
         """Compare once and stand or withdraw accordingly, then follow the record. Raises a

@@ -37,6 +37,14 @@ def candidates(stack: StackEndpoints, zk_root: str) -> dict[int, list[str]]:
 
 
 def drift_of(node: DaemonNode) -> list[str]:
+    """The node's settings drift, once it has compared its settings with the record (its
+    `/status` says null until then)."""
+    wait_until(
+        lambda: node.status()["settings_drift"] is not None,
+        timeout=60,
+        what=f"{node.name} to compare its settings",
+        interval=0.2,
+    )
     drift: list[str] = node.status()["settings_drift"]
     return drift
 
