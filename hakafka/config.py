@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from buffer.limits import ServerLimits
-from hakafka.consumer import ALWAYS_META, Format, OnError, OutOfRange, check_explicit_assignment
+from hakafka.consumer import (
+    ALWAYS_META,
+    MANAGED_SETTINGS,
+    DecodeOptions,
+    Format,
+    OnError,
+    OutOfRange,
+    check_explicit_assignment,
+)
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
@@ -211,7 +219,8 @@ class PipelineConfig:
     ttl: str = ""
     meta_columns: tuple[str, ...] = META_COLUMNS
     on_error: OnError = OnError.DEAD_LETTER
-    max_message_bytes: int = 1 << 20
+    max_message_bytes: int = DecodeOptions.max_message_bytes
+    dead_letter_bytes: int = DecodeOptions.dead_letter_bytes
     transform: str = _checked("", _transform_problem)
     partitions: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     buffer: PipelineBufferConfig = PipelineBufferConfig()
@@ -419,9 +428,8 @@ def _kafka(r: _Reader) -> KafkaConfig:
             key = name.removeprefix(ENV_KAFKA_PREFIX).lower().replace("_", ".")
             if (value := settings_reader.env(key, name)) is not None:
                 settings[key] = value
-    for reserved in ("bootstrap.servers", "enable.auto.commit", "group.id"):
-        if reserved in settings:
-            settings_reader.problem(reserved, "is managed by hakafka; remove it")
+    for reserved in sorted(MANAGED_SETTINGS & settings.keys()):
+        settings_reader.problem(reserved, "is managed by hakafka (exactly-once relies on it)")
     return r.section(
         KafkaConfig, bootstrap=r.get("bootstrap", str, "", required=True), settings=settings
     )

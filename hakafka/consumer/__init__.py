@@ -34,6 +34,7 @@ from hakafka.consumer.errors import (
 from hakafka.consumer.messages import MessageColumns
 from hakafka.consumer.metrics import ConsumerMetrics
 from hakafka.consumer.partition_consumer import (
+    MANAGED_SETTINGS,
     OffsetReset,
     OutOfRange,
     PartitionConsumer,
@@ -52,6 +53,7 @@ from hakafka.consumer.schema import (
 __all__ = [
     "ALWAYS_META",
     "DEAD_LETTER_COLUMNS",
+    "MANAGED_SETTINGS",
     "META_COLUMNS",
     "ColumnSpec",
     "ConsumerError",

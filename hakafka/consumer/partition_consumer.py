@@ -58,6 +58,8 @@ DEFAULT_TUNING: dict[str, Any] = {
     "queued.max.messages.kbytes": 256 << 10,
     "socket.receive.buffer.bytes": 4 << 20,
 }
+# What a passthrough setting may not name (config check refuses them before any start).
+MANAGED_SETTINGS = frozenset({*_FORCED, "group.id", "bootstrap.servers"})
 _UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 _OUT_OF_RANGE_CODES = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 _IGNORED_CODES = frozenset({KafkaError._PARTITION_EOF})
@@ -123,7 +125,7 @@ class PartitionConsumer:
                 f"out_of_range must be 'earliest' or 'fail', got {out_of_range!r}"
             ) from None
         settings = dict(settings or {})
-        clash = sorted(key for key in settings if key in _FORCED or key == "group.id")
+        clash = sorted(key for key in settings if key in MANAGED_SETTINGS)
         if clash:
             raise ValueError(
                 f"librdkafka settings {clash} are managed by hakafka and cannot be overridden"

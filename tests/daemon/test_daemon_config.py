@@ -275,9 +275,25 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
         load_config(write(tmp_path, "node = \n"))
 
 
-def test_reserved_kafka_settings_refused(tmp_path: Path) -> None:
-    problems = problems_of(tmp_path, GOOD.replace('"security.protocol"', '"group.id"'))
-    assert "kafka.settings.group.id: is managed by hakafka; remove it" in problems
+def test_managed_kafka_settings_refused_by_config_check(tmp_path: Path) -> None:
+    # These were passed to librdkafka or refused only when a node first led (after a clean
+    # `config check`); isolation.level = read_uncommitted would have let aborted rows in.
+    managed = {
+        "group.id": '"mine"',
+        "isolation.level": '"read_uncommitted"',
+        "auto.offset.reset": '"earliest"',
+        "enable.partition.eof": "true",
+        "enable.auto.offset.store": "true",
+    }
+    lines = "".join(f'"{key}" = {value}\n' for key, value in managed.items())
+    path = write(tmp_path, GOOD.replace('"security.protocol" = "SASL_SSL"\n', lines))
+    checked = config_check(path)
+    assert checked.returncode == 1, checked
+    for key in managed:
+        assert (
+            f"  - kafka.settings.{key}: is managed by hakafka (exactly-once relies on it)\n"
+            in checked.stderr
+        )
 
 
 def test_type_checker_is_applied(tmp_path: Path) -> None:
