@@ -69,7 +69,11 @@ def pipeline_schema(pipeline: PipelineConfig) -> PipelineSchema:
 
 
 def decode_options(pipeline: PipelineConfig) -> DecodeOptions:
-    return DecodeOptions(on_error=pipeline.on_error, max_message_bytes=pipeline.max_message_bytes)
+    return DecodeOptions(
+        on_error=pipeline.on_error,
+        max_message_bytes=pipeline.max_message_bytes,
+        dead_letter_bytes=pipeline.dead_letter_bytes,
+    )
 
 
 def decoder_of(pipeline: PipelineConfig, schema: PipelineSchema) -> Decoder:

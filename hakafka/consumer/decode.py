@@ -50,6 +50,7 @@ class OnError(StrEnum):
 
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+DEFAULT_DEAD_LETTER_BYTES = 64 << 10
 _LOG_SAMPLE = 5
 # Arrow parses in blocks; 4 MiB measured fastest for ~200-byte JSON records.
 _BLOCK_SIZE = 4 << 20
@@ -97,12 +98,14 @@ class Decoder(Protocol):
 class DecodeOptions:
     """Per-pipeline decoding settings.
 
-    `max_message_bytes`: a bigger value is a bad message. `use_threads`: let Arrow parse on
-    several cores (off by default: the daemon runs one decoder per pipeline).
+    `max_message_bytes`: a bigger value is a bad message. `dead_letter_bytes`: a dead
+    letter keeps this much of its key and value. `use_threads`: let Arrow parse on several
+    cores (off by default: the daemon runs one decoder per pipeline).
     """
 
     on_error: OnError = OnError.DEAD_LETTER
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES
     use_threads: bool = False
     csv_delimiter: str = ","
 
@@ -115,6 +118,8 @@ class DecodeOptions:
             ) from None
         if self.max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes}")
+        if self.dead_letter_bytes < 0:
+            raise ValueError(f"dead_letter_bytes must be >= 0, got {self.dead_letter_bytes}")
         delimiter = self.csv_delimiter
         if len(delimiter) != 1 or not delimiter.isascii() or delimiter in '"\r\n':
             raise ValueError(
@@ -326,7 +331,7 @@ class _ArrowDecoder(ABC):
                 for i in sorted(bad)[:_LOG_SAMPLE]
             ]
             if self.options.on_error is OnError.DEAD_LETTER:
-                dead = dead_letter_batch(columns, bad)
+                dead = dead_letter_batch(columns, bad, self.options.dead_letter_bytes)
                 log.warning("decode.dead_lettered", count=len(bad), sample=sample)
             else:
                 log.warning("decode.skipped", count=len(bad), sample=sample)
@@ -541,8 +546,12 @@ class CsvDecoder(_ArrowDecoder):
         self._parse_options = pcsv.ParseOptions(
             delimiter=self.options.csv_delimiter, newlines_in_values=True
         )
+        # NULL is what ClickHouse's CSV reads as NULL (an empty field, \N), not Arrow's
+        # pandas-style list, which turned "nan" and "NA" into NULL silently.
         self._convert = pcsv.ConvertOptions(
-            column_types={f.name: f.type for f in self._text}, quoted_strings_can_be_null=False
+            column_types={f.name: f.type for f in self._text},
+            null_values=["", "\\N"],
+            quoted_strings_can_be_null=False,
         )
         self._record, self._one_record = _csv_record_patterns(self.options.csv_delimiter)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
+import math
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -108,6 +110,27 @@ def test_oversized_messages_are_dead_letters_naming_size_and_limit() -> None:
     assert dead_by_offset(decoded.dead_letters) == {
         101: f"message of {len(big)} bytes exceeds max_message_bytes 200"
     }
+
+
+def test_dead_letters_keep_the_first_bytes_with_the_length_and_hash_of_the_rest() -> None:
+    # A 3 MiB bad value (and a 2 KiB key) was kept whole: a flood of them filled the buffer.
+    huge = b"{" + b"x" * (3 << 20)
+    batch = columns([good(0), huge, b"not json"])
+    batch.keys[1] = b"K" * 2048
+    options = DecodeOptions(max_message_bytes=4 << 20, dead_letter_bytes=1024)
+    dead = make_decoder(Format.JSON, SCHEMA, options).decode_columns(batch).dead_letters
+    assert dead is not None
+    assert dead["_value"].to_pylist() == [huge[:1024], b"not json"]
+    assert dead["_key"].to_pylist() == [b"K" * 1024, b"k2"]
+    assert dead.nbytes < 8 << 10
+    errors = dead_by_offset(dead)
+    assert errors[101].endswith(
+        f" [_key truncated: first 1024 of 2048 bytes kept, sha256 "
+        f"{hashlib.sha256(b'K' * 2048).hexdigest()}]"
+        f" [_value truncated: first 1024 of {len(huge)} bytes kept, sha256 "
+        f"{hashlib.sha256(huge).hexdigest()}]"
+    )
+    assert "truncated" not in errors[102]
 
 
 def test_integer_overflow_and_bad_date_are_type_errors() -> None:
@@ -306,6 +329,19 @@ def csv_rows(decoded_rows: pa.RecordBatch) -> list[tuple[int, str, int]]:
             strict=True,
         )
     )
+
+
+def test_csv_null_is_what_clickhouse_reads_as_null_and_nan_is_a_float() -> None:
+    # Arrow's default null list made "nan" and "NA" NULL silently (ClickHouse reads nan as NaN
+    # and refuses NA as a number).
+    schema = PipelineSchema.of([("n", "Nullable(Int64)"), ("x", "Nullable(Float64)")])
+    values = [b"1,nan", b"2,-inf", rb"\N,\N", b",", b"NA,1", b"3,NA", b"4,null"]
+    decoded = make_decoder(Format.CSV, schema).decode_columns(columns(values))
+    got = list(zip(decoded.rows["n"].to_pylist(), decoded.rows["x"].to_pylist(), strict=True))
+    assert got[0][0] == 1 and math.isnan(got[0][1])
+    assert got[1:] == [(2, -math.inf), (None, None), (None, None)]
+    assert decoded.rows["_offset"].to_pylist() == [100, 101, 102, 103]
+    assert sorted(dead_by_offset(decoded.dead_letters)) == [104, 105, 106]
 
 
 def test_csv_unclosed_quote_never_swallows_the_next_message() -> None:
