@@ -1,7 +1,10 @@
 """Logging setup: structlog events as JSON lines (default) or human console lines.
 
 Logs go to stdout (the journal under systemd) or to a file that SIGHUP reopens, so
-logrotate can move it away.
+logrotate can move it away. When stdout is the journal (systemd names its stream in
+`JOURNAL_STREAM`), each line starts with its syslog priority (`<3>` for errors, as sd-daemon's
+`SD_ERR`): journald strips it and files the line under that priority, so `journalctl -p err`
+finds the errors.
 """
 
 from __future__ import annotations
@@ -19,6 +22,36 @@ from typing import IO, Any
 import structlog
 
 FORMATS = ("json", "console")
+# syslog priorities of structlog's level names (journald reads them from a `<N>` prefix).
+_PRIORITIES = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "info": 6, "debug": 7}
+
+
+def is_journal(stream: IO[str]) -> bool:
+    """True when `stream` is the journal stream systemd connected (`JOURNAL_STREAM` holds its
+    device and inode)."""
+    try:
+        device, inode = (int(part) for part in os.environ.get("JOURNAL_STREAM", "").split(":"))
+        found = os.fstat(stream.fileno())
+    except (ValueError, OSError):
+        return False
+    return (found.st_dev, found.st_ino) == (device, inode)
+
+
+def priority_prefix(level: str) -> str:
+    """The `<N>` prefix that files a line under `level`'s syslog priority in the journal."""
+    return f"<{_PRIORITIES.get(level, 6)}>"
+
+
+class _JournalPriority:
+    """A renderer that prefixes `inner`'s line with the event's syslog priority."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __call__(self, logger: Any, name: str, event: dict[str, Any]) -> str:
+        return priority_prefix(str(event.get("level", name))) + str(
+            self._inner(logger, name, event)
+        )
 
 
 class LogSink:
@@ -28,6 +61,8 @@ class LogSink:
         self.path = path
         self._lock = threading.Lock()
         self._stream: IO[str] = self._open()
+        self.journal = is_journal(self._stream)
+        """Lines go to the journal: each starts with its priority."""
 
     def _open(self) -> IO[str]:
         if self.path is None:
@@ -47,6 +82,8 @@ class LogSink:
         signal handler or while a stuck thread holds the sink; never raises."""
         stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         line = json.dumps({"event": event, "level": level, "timestamp": stamp, **fields})
+        if self.journal:
+            line = priority_prefix(level) + line
         with contextlib.suppress(OSError, ValueError):
             os.write(self._stream.fileno(), (line + "\n").encode())
 
@@ -69,6 +106,8 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    if out.journal:
+        renderer = _JournalPriority(renderer)
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
