@@ -1,11 +1,28 @@
-"""The daemon's Prometheus metrics, created on one registry per daemon (no global state)."""
+"""The daemon's Prometheus metrics, created on one registry per daemon (no global state).
+
+One label scheme: `pipeline`, `shard`, and `partition` where it applies (plus `result`,
+`action` or `protocol` where a metric splits by outcome). The process, platform and GC
+collectors of prometheus-client sit on the same registry (`process_resident_memory_bytes`...),
+and `hakafka_build_info` carries the versions as labels (value 1).
+"""
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from importlib.metadata import version
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
+from hakafka import __version__
 from hakafka.consumer import ConsumerMetrics
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -23,6 +40,7 @@ class Metrics:
     wal_sync_seconds: Histogram
     buffer_rows: Gauge
     buffer_bytes: Gauge
+    buffer_limit_bytes: Gauge
     backpressure: Gauge
     flushes: Counter
     flush_rows: Counter
@@ -32,10 +50,30 @@ class Metrics:
     kafka_lag: Gauge
     leader: Gauge
     epoch: Gauge
+    leader_changes: Counter
+    zookeeper_connected: Gauge
+    ready: Gauge
+    queries: Counter
+    query_seconds: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
         reg = registry if registry is not None else CollectorRegistry()
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
+        build = Gauge(
+            "hakafka_build_info",
+            "Versions of hakafka and of the libraries that decide its behaviour (value 1)",
+            ["version", "python", "pyarrow", "pyspark"],
+            registry=reg,
+        )
+        build.labels(
+            version=__version__,
+            python=platform.python_version(),
+            pyarrow=version("pyarrow"),
+            pyspark=version("pyspark"),
+        ).set(1)
         p = ["pipeline", "shard"]
         return cls(
             registry=reg,
@@ -65,6 +103,12 @@ class Metrics:
             ),
             buffer_bytes=Gauge(
                 "hakafka_buffer_bytes", "Arrow bytes held in the memory buffer", p, registry=reg
+            ),
+            buffer_limit_bytes=Gauge(
+                "hakafka_buffer_limit_bytes",
+                "The buffer's limit_bytes (consumption pauses above it)",
+                p,
+                registry=reg,
             ),
             backpressure=Gauge(
                 "hakafka_backpressure",
@@ -109,6 +153,35 @@ class Metrics:
                 "hakafka_epoch",
                 "The shard's leader epoch held by this node",
                 ["shard"],
+                registry=reg,
+            ),
+            leader_changes=Counter(
+                "hakafka_leader_changes",
+                "Times this node began or ended leading the shard",
+                ["shard"],
+                registry=reg,
+            ),
+            zookeeper_connected=Gauge(
+                "hakafka_zookeeper_connected",
+                "1 while the ZooKeeper session is connected",
+                registry=reg,
+            ),
+            ready=Gauge(
+                "hakafka_ready",
+                "1 while /ready answers 200 (ZooKeeper connected, led pipelines running)",
+                registry=reg,
+            ),
+            queries=Counter(
+                "hakafka_queries",
+                "SQL queries answered by the query servers, by protocol and result",
+                ["protocol", "result"],
+                registry=reg,
+            ),
+            query_seconds=Histogram(
+                "hakafka_query_seconds",
+                "SQL query latency, from the request to the last byte of the answer",
+                ["protocol"],
+                buckets=_LATENCY_BUCKETS,
                 registry=reg,
             ),
         )

@@ -1,7 +1,11 @@
-"""Prometheus counters of the consumer, created on an injected registry (never the global)."""
+"""Prometheus counters of the consumer, created on an injected registry (never the global).
+
+Labels follow the daemon's one scheme: `pipeline`, `shard`, and `partition` where it applies.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -12,8 +16,8 @@ from hakafka.consumer.partition_consumer import OffsetReset
 
 @dataclass(frozen=True)
 class ConsumerMetrics:
-    """`offset_resets`/`skipped_offsets` by topic and partition; `bad_messages` by pipeline
-    and action (dead_letter, skip). Pass `on_offset_reset` to `PartitionConsumer(on_reset=)`."""
+    """`offset_resets`/`skipped_offsets` by pipeline, shard and partition; `bad_messages` by
+    pipeline, shard and action (dead_letter, skip)."""
 
     offset_resets: Counter
     skipped_offsets: Counter
@@ -25,28 +29,34 @@ class ConsumerMetrics:
             offset_resets=Counter(
                 "hakafka_consumer_offset_resets",
                 "Out-of-range offsets reset to the log start (policy earliest)",
-                ["topic", "partition"],
+                ["pipeline", "shard", "partition"],
                 registry=registry,
             ),
             skipped_offsets=Counter(
                 "hakafka_consumer_skipped_offsets",
                 "Offsets never read because retention removed them before consumption",
-                ["topic", "partition"],
+                ["pipeline", "shard", "partition"],
                 registry=registry,
             ),
             bad_messages=Counter(
                 "hakafka_decode_bad_messages",
                 "Messages that could not be decoded",
-                ["pipeline", "action"],
+                ["pipeline", "shard", "action"],
                 registry=registry,
             ),
         )
 
-    def on_offset_reset(self, reset: OffsetReset) -> None:
-        labels = {"topic": reset.topic, "partition": str(reset.partition)}
-        self.offset_resets.labels(**labels).inc()
-        self.skipped_offsets.labels(**labels).inc(reset.skipped)
+    def resets_of(self, pipeline: str, shard: int) -> Callable[[OffsetReset], None]:
+        """The `PartitionConsumer(on_reset=)` callback that counts `pipeline`'s resets."""
 
-    def count_decoded(self, pipeline: str, action: str, batch: DecodedBatch) -> None:
+        def count(reset: OffsetReset) -> None:
+            labels = {"pipeline": pipeline, "shard": str(shard), "partition": str(reset.partition)}
+            self.offset_resets.labels(**labels).inc()
+            self.skipped_offsets.labels(**labels).inc(reset.skipped)
+
+        return count
+
+    def count_decoded(self, pipeline: str, shard: int, action: str, batch: DecodedBatch) -> None:
         if batch.bad:
-            self.bad_messages.labels(pipeline=pipeline, action=action).inc(batch.bad)
+            labels = {"pipeline": pipeline, "shard": str(shard), "action": action}
+            self.bad_messages.labels(**labels).inc(batch.bad)

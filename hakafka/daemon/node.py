@@ -284,6 +284,8 @@ class Daemon:
         return f"{roles}; lag {lag}"
 
     def _update_pipeline_metrics(self) -> None:
+        self.metrics.zookeeper_connected.set(1 if self.coordinator.connected else 0)
+        self.metrics.ready.set(1 if self.healthy() else 0)
         # Rebuilt each time: a shard this node stopped leading must not keep its old values.
         self.metrics.kafka_lag.clear()
         self.metrics.checkpoint_lag.clear()

@@ -121,6 +121,10 @@ class ShardRunner:
         self.shard = shard
         self._coordinator, self._make_pipelines = coordinator, make_pipelines
         self._metrics = metrics
+        self._elected = False  # what the leader metric says (leader.elected to its end)
+        # Every node serving the shard exports it (0 on followers): "no leader" is then
+        # `sum by (shard) (hakafka_leader) == 0` across the cluster.
+        metrics.leader.labels(shard=str(shard)).set(0)
         self._grace, self._stuck_after = flush_grace_s, stuck_after_s
         self._stuck: set[str] = set()  # pipelines reported stuck, until they step again
         self._warm_up = warm_up
@@ -211,7 +215,7 @@ class ShardRunner:
         elif not self._wanted.stand and self.standing:
             self._log.warning("shard.withdrawing", reason=self._wanted.reason)
             self._stop_pipelines(HANDOVER_GRACE_S, reason=self._wanted.reason)
-            self._metrics.leader.labels(shard=str(self.shard)).set(0)
+            self._mark_elected(False)
             # Left, the old candidacy emits only its LostLeadership (before any later join's
             # events: one notifier delivers them in order), which finds nothing to stop.
             self._coordinator.leave(self.shard)
@@ -322,11 +326,19 @@ class ShardRunner:
         self._announce(self.leadership)
         return True
 
+    def _mark_elected(self, elected: bool) -> None:
+        """Publish whether this node holds the shard's leadership; count each change."""
+        labels = {"shard": str(self.shard)}
+        if elected != self._elected:
+            self._metrics.leader_changes.labels(**labels).inc()
+        self._elected = elected
+        self._metrics.leader.labels(**labels).set(1 if elected else 0)
+
     def _handle(self, event: LeadershipEvent) -> None:
         labels = {"shard": str(self.shard)}
         if isinstance(event, BecameLeader):
             self._log.info("leader.elected", epoch=event.epoch, token=event.token)
-            self._metrics.leader.labels(**labels).set(1)
+            self._mark_elected(True)
             self._metrics.epoch.labels(**labels).set(event.epoch)
             self._stop_pipelines(0.0, reason="new term")
             self._drained_reported = False
@@ -343,13 +355,13 @@ class ShardRunner:
                 self._start_pipelines()
         elif isinstance(event, LostLeadership):
             self._log.warning("leader.lost", reason=event.reason)
-            self._metrics.leader.labels(**labels).set(0)
+            self._mark_elected(False)
             self._stop_pipelines(0.0, reason=event.reason)
         elif isinstance(event, FailoverRequested):
             began = time.monotonic()
             self._log.info("leader.failover_requested", to=event.request.to, by=event.request.by)
             self._stop_pipelines(HANDOVER_GRACE_S, reason="ops failover")
-            self._metrics.leader.labels(**labels).set(0)
+            self._mark_elected(False)
             if self.leadership is not None:
                 self.leadership.resign("ops failover")
             self._log.info(

@@ -99,7 +99,7 @@ class PipelineFactory:
                 settings=kafka.settings,
                 out_of_range=kafka.out_of_range,
                 group_id=f"hakafka-{config.node}",
-                on_reset=self.metrics.consumer.on_offset_reset,
+                on_reset=self.metrics.consumer.resets_of(pipeline.name, shard),
             )
 
         def open_wal() -> Wal:
@@ -124,7 +124,7 @@ class PipelineFactory:
                 pipeline.topic,
                 kafka.settings,
                 out_of_range=kafka.out_of_range,
-                on_reset=self.metrics.consumer.on_offset_reset,
+                on_reset=self.metrics.consumer.resets_of(pipeline.name, shard),
             ),
             sink=p.sink,
             fenced=fenced,

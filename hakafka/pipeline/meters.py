@@ -13,6 +13,7 @@ class PipelineMeters:
     def __init__(self, metrics: Metrics, pipeline: str, shard: int, on_error: OnError) -> None:
         self._m = metrics
         self._pipeline = pipeline
+        self._shard = shard
         self._on_error = on_error
         self._labels = {"pipeline": pipeline, "shard": str(shard)}
 
@@ -33,7 +34,7 @@ class PipelineMeters:
         if synced:
             m.wal_syncs.labels(**labels).inc()
         if decoded.bad:
-            m.consumer.count_decoded(self._pipeline, self._on_error, decoded)
+            m.consumer.count_decoded(self._pipeline, self._shard, self._on_error, decoded)
             if decoded.dead_letters is not None:
                 m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
 
@@ -43,6 +44,8 @@ class PipelineMeters:
         nbytes = 0 if buffer is None else buffer.nbytes
         self._m.buffer_rows.labels(**self._labels).set(rows)
         self._m.buffer_bytes.labels(**self._labels).set(nbytes)
+        if buffer is not None:
+            self._m.buffer_limit_bytes.labels(**self._labels).set(buffer.limit_bytes)
 
     def backpressure(self, paused: bool) -> None:
         self._m.backpressure.labels(**self._labels).set(1 if paused else 0)

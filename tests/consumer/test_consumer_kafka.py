@@ -222,14 +222,14 @@ def test_offset_out_of_range_earliest_policy_resets_loudly_and_counts(
         topic,
         [0],
         out_of_range=OutOfRange.EARLIEST,
-        on_reset=metrics.on_offset_reset,
+        on_reset=metrics.resets_of("events", 0),
     )
     try:
         consumer.assign({0: 99})
         got = consume_until(consumer, lambda m: len(m) >= 5)
         assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
         assert consumer.position() == {0: 5}, "the position followed the reset back to 0"
-        labels = {"topic": topic, "partition": "0"}
+        labels = {"pipeline": "events", "shard": "0", "partition": "0"}
         assert registry.get_sample_value("hakafka_consumer_offset_resets_total", labels) == 1
         assert registry.get_sample_value("hakafka_consumer_skipped_offsets_total", labels) == 0
         assert "consumer.offset_out_of_range" in capsys.readouterr().out

@@ -41,15 +41,16 @@ def test_offset_reset_counts_only_offsets_never_read() -> None:
 def test_metrics_live_on_the_given_registry() -> None:
     registry = CollectorRegistry()
     metrics = ConsumerMetrics.create(registry)
-    metrics.on_offset_reset(OffsetReset("t", 3, requested=10, reset_to=40, high_watermark=50))
-    metrics.on_offset_reset(OffsetReset("t", 3, requested=45, reset_to=47, high_watermark=50))
-    labels = {"topic": "t", "partition": "3"}
+    count = metrics.resets_of("orders", 1)
+    count(OffsetReset("t", 3, requested=10, reset_to=40, high_watermark=50))
+    count(OffsetReset("t", 3, requested=45, reset_to=47, high_watermark=50))
+    labels = {"pipeline": "orders", "shard": "1", "partition": "3"}
     assert registry.get_sample_value("hakafka_consumer_skipped_offsets_total", labels) == 32
     assert registry.get_sample_value("hakafka_consumer_offset_resets_total", labels) == 2
     empty = pa.record_batch({"x": pa.array([], pa.int8())})
     batch = DecodedBatch(rows=empty, dead_letters=None, ranges={}, good=0, bad=3)
-    metrics.count_decoded("orders", "skip", batch)
+    metrics.count_decoded("orders", 1, "skip", batch)
     sample = registry.get_sample_value(
-        "hakafka_decode_bad_messages_total", {"pipeline": "orders", "action": "skip"}
+        "hakafka_decode_bad_messages_total", {"pipeline": "orders", "shard": "1", "action": "skip"}
     )
     assert sample == 3
