@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
+from buffer.client import FORWARDED_BY, FORWARDED_BY_HEADER
 from buffer.limits import ServerLimits
 from buffer.snapshot import Snapshot
 from buffer.sql import Forward, QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
+from buffer.tls import ServerTls
 
 
 class _BearerFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
@@ -25,6 +27,20 @@ class _BearerFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
             raise fl.FlightUnauthenticatedError("missing or wrong bearer token")
 
 
+class _ForwardedBy(fl.ServerMiddleware):  # type: ignore[misc]
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+
+class _ForwardedByFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
+    """Notes the node a call was forwarded by (its header), for `forward`'s hop guard."""
+
+    def start_call(self, info: fl.CallInfo, headers: dict[str, list[str]]) -> _ForwardedBy | None:
+        values = headers.get(FORWARDED_BY_HEADER) or []
+        return _ForwardedBy(str(values[0])) if values else None
+
+
 def _raise_flight_error(exc: QueryError) -> None:
     if isinstance(exc, QueryRefusedError):
         raise fl.FlightUnauthorizedError(str(exc)) from exc
@@ -36,14 +52,16 @@ def _raise_flight_error(exc: QueryError) -> None:
 
 
 class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
-    """Serves ``engine`` on grpc://host:port; port 0 picks a free port (see ``port``).
+    """Serves ``engine`` on grpc://host:port, or grpc+tls://host:port with ``tls``; port 0
+    picks a free port (see ``port``).
 
     ``do_get``: the ticket is UTF-8 SQL; the result streams as Arrow. Errors: bad SQL and
     row limit -> invalid argument (the client raises ``pyarrow.ArrowInvalid`` with the
     engine's message first), refused -> unauthorized, timeout -> timed out; a wrong or
     missing token when ``token`` is set -> unauthenticated. ``forward`` may answer a query
-    elsewhere first (with no parameters: a ticket is only SQL); if it fails, the client gets
-    an unavailable error naming why. A ticket that is not UTF-8 gets a server error saying
+    elsewhere first (a ticket is only SQL: its one parameter is ``FORWARDED_BY``, the node
+    named by a call's ``FORWARDED_BY_HEADER``); if it fails, the client gets an unavailable
+    error naming why. A ticket that is not UTF-8 gets a server error saying
     so; over ``limits.max_concurrent_queries`` running queries, an unavailable error at once.
     Errors of the Flight kinds carry no server traceback (pyarrow attaches one to any other
     exception, ``ArrowInvalid`` included, so bad SQL's answer names this module's frames).
@@ -62,8 +80,14 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         *,
         forward: Forward | None = None,
         limits: ServerLimits | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
-        super().__init__(f"grpc://{host}:{port}", middleware={"auth": _BearerFactory(token)})
+        self._scheme = "grpc" if tls is None else "grpc+tls"
+        super().__init__(
+            f"{self._scheme}://{host}:{port}",
+            tls_certificates=[] if tls is None else [fl.CertKeyPair(*tls.pem())],
+            middleware={"auth": _BearerFactory(token), "forwarded_by": _ForwardedByFactory()},
+        )
         self.engine = engine
         self.host = host
         self._forward = forward
@@ -73,7 +97,7 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     @property
     def location(self) -> str:
         """The URL clients connect to."""
-        return f"grpc://{self.host}:{self.port}"
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     def do_get(self, context: fl.ServerCallContext, ticket: fl.Ticket) -> fl.RecordBatchStream:
         try:
@@ -82,14 +106,15 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
             raise fl.FlightServerError(f"the ticket is not UTF-8 SQL: {exc.reason}") from None
         if not self._queries.acquire(blocking=False):
             raise fl.FlightUnavailableError(f"{self._cap} queries running; retry later")
+        hop = context.get_middleware("forwarded_by")
         try:
-            return self._answer(sql)
+            return self._answer(sql, {} if hop is None else {FORWARDED_BY: hop.node})
         finally:
             self._queries.release()
 
-    def _answer(self, sql: str) -> fl.RecordBatchStream:
+    def _answer(self, sql: str, params: Mapping[str, str]) -> fl.RecordBatchStream:
         try:
-            forwarded = self._forward(sql, {}) if self._forward is not None else None
+            forwarded = self._forward(sql, params) if self._forward is not None else None
         except Exception as exc:  # the place it forwards to is unreachable or refused it
             why = f"forward failed: {type(exc).__name__}: {exc}"
             raise fl.FlightUnavailableError(why) from None

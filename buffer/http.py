@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from buffer.auth import bearer_ok
 from buffer.formats import Format, choose_format, encode
 from buffer.limits import ServerLimits
 from buffer.sql import Forward, QueryError, SqlEngine
+from buffer.tls import ServerTls
 
 _DIGITS = re.compile(r"[0-9]+")
 # Sent by the accepting thread to a connection over `max_connections`: no handler, no parsing.
@@ -50,6 +53,9 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # Bounds every read and write; handle_one_request drops the connection on a timeout.
         self.connection.settimeout(self.server.limits.request_timeout)
+        if isinstance(self.connection, ssl.SSLSocket):
+            # Here, not in the accepting thread: a slow or plain-text client holds only its own.
+            self.connection.do_handshake()
 
     def log_message(self, format: str, *args: object) -> None:
         """Silence the per-request stderr log (the URL may hold SQL)."""
@@ -184,8 +190,14 @@ class _Server(ThreadingHTTPServer):
         routes: Mapping[str, Route],
         forward: Forward | None,
         limits: ServerLimits,
+        tls: ServerTls | None,
     ) -> None:
         super().__init__(address, _Handler)
+        if tls is not None:
+            self.socket = tls.context().wrap_socket(
+                self.socket, server_side=True, do_handshake_on_connect=False
+            )
+        self.tls = tls
         self.engine = engine
         self.token = token
         self.routes = dict(routes)
@@ -212,6 +224,12 @@ class _Server(ThreadingHTTPServer):
             self.connections.release()
             raise
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client's socket error (reset, timeout, failed TLS handshake) ends its connection
+        quietly; anything else is printed as usual."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
@@ -235,7 +253,8 @@ class HttpQueryServer:
     queries over ``max_concurrent_queries`` get 429, both at once.
 
     ``routes`` adds GET endpoints (a daemon's /health, /metrics...); ``forward`` may answer a
-    query elsewhere (502 if that fails).
+    query elsewhere (502 if that fails). With ``tls`` it serves HTTPS only (the handshake
+    runs on the connection's thread, under ``request_timeout``).
     """
 
     def __init__(
@@ -248,6 +267,7 @@ class HttpQueryServer:
         routes: Mapping[str, Route] | None = None,
         forward: Forward | None = None,
         limits: ServerLimits | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self._server = _Server(
             (host, port),
@@ -256,6 +276,7 @@ class HttpQueryServer:
             routes=routes or {},
             forward=forward,
             limits=limits or ServerLimits(),
+            tls=tls,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="buffer-http", daemon=True
@@ -268,8 +289,9 @@ class HttpQueryServer:
 
     @property
     def url(self) -> str:
-        """The base URL, e.g. http://127.0.0.1:8123."""
-        return f"http://{self._server.server_address[0]!s}:{self.port}"
+        """The base URL, e.g. http://127.0.0.1:8123 (https:// with TLS)."""
+        scheme = "http" if self._server.tls is None else "https"
+        return f"{scheme}://{self._server.server_address[0]!s}:{self.port}"
 
     def start(self) -> None:
         """Serve in a background thread."""
