@@ -4,4 +4,7 @@ How the packages fit together, the exactly-once invariants, the ZooKeeper layout
 daemon's threads: docs/DESIGN.md.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+# Declared once, in pyproject.toml; `hakafka --version`, /status and hakafka_build_info show it.
+__version__ = version("hakafka")

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hakafka import __version__
 from hakafka.config import DEFAULT_PATH, Config, ConfigError, load_config
 
 EXIT_OK = 0
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hakafka",
         description="High-availability Kafka -> ClickHouse ingestion daemon.",
     )
+    parser.add_argument("--version", action="version", version=f"hakafka {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the daemon (what the systemd unit starts)")
