@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install java demo test check lint typecheck pytest bench chaos clean
+.PHONY: install java systemd-analyze demo test check lint typecheck pytest bench chaos clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -18,13 +18,19 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[dev,local]'
 	@touch $@
 
-install: $(STAMP) java
+install: $(STAMP) java systemd-analyze
 
 # ZooKeeper and Spark need a Java 17 runtime; install it only when there is no java at all.
 java:
 	@command -v java >/dev/null || { \
 	  echo "java not found: installing openjdk-17-jre-headless"; \
 	  apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
+
+# tests/ops/test_ops_systemd.py rates the units with `systemd-analyze security --offline`.
+systemd-analyze:
+	@command -v systemd-analyze >/dev/null || { \
+	  echo "systemd-analyze not found: installing systemd"; \
+	  apt-get update -qq && apt-get install -y -qq systemd; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
