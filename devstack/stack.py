@@ -1,6 +1,7 @@
 """The whole local stack as one unit: `python -m devstack up|down|status`.
 
-`up` starts ZooKeeper, the tansu broker and the ClickHouse front in the background, waits
+`up` starts ZooKeeper, the tansu broker, the ClickHouse front and the schema registry
+(`devstack.schema_registry`) in the background, waits
 until each is healthy, and records what it started in `<root>/stack.json` (PIDs, command
 lines, endpoints) and `<root>/stack.env` (endpoints as shell variables); if any service fails,
 it stops everything it started before reporting the error. `down` stops exactly those PIDs,
@@ -19,6 +20,7 @@ from pathlib import Path
 from devstack.clickhouse import ClickHouseService
 from devstack.kafka import KafkaBroker, broker_healthy
 from devstack.process import DevstackError, pid_alive, pid_cmdline, stop_pid
+from devstack.schema_registry import SchemaRegistryService, registry_healthy
 from devstack.zookeeper import ZooKeeperEnsemble, server_mode
 
 STATE_FILE = "stack.json"
@@ -76,6 +78,7 @@ _HEALTH: dict[str, Callable[[str], bool]] = {
     "zookeeper": _zk_healthy,
     "kafka": _kafka_healthy,
     "clickhouse": _ch_healthy,
+    "schema_registry": registry_healthy,
 }
 
 
@@ -120,10 +123,12 @@ class DevStack:
         zk = ZooKeeperEnsemble(self.root / "zookeeper", members=zk_members)
         broker = KafkaBroker(self.root / "kafka")
         ch = ClickHouseService(self.root / "clickhouse")
+        registry = SchemaRegistryService(self.root / "schema_registry")
         try:
             zk.start(timeout=timeout)
             broker.start(timeout=timeout)
             ch.start(timeout=timeout)
+            registry.start(timeout=timeout)
             started = [
                 _record("zookeeper", m.pid, f"127.0.0.1:{m.client_port}", "HAKAFKA_ZK_HOSTS")
                 for m in zk.members
@@ -132,10 +137,15 @@ class DevStack:
                 _record("kafka", broker.pid, broker.bootstrap, "HAKAFKA_KAFKA_BOOTSTRAP")
             )
             started.append(_record("clickhouse", ch.pid, ch.url, "HAKAFKA_CLICKHOUSE_URL"))
+            started.append(
+                _record(
+                    "schema_registry", registry.pid, registry.url, "HAKAFKA_SCHEMA_REGISTRY_URL"
+                )
+            )
             self._save(started)
         except BaseException:
             # Reverse start order; stopping a service that never started is a no-op.
-            for service in (ch, broker, zk):
+            for service in (registry, ch, broker, zk):
                 # Attempt every stop: the start error is the one the user must see.
                 with contextlib.suppress(Exception):
                     service.stop()

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +31,7 @@ import structlog
 from hakafka.consumer.dead_letter import dead_letter_batch
 from hakafka.consumer.errors import DecodeError, SchemaError
 from hakafka.consumer.messages import KafkaMessage, MessageColumns
+from hakafka.consumer.registry import RegistrySettings, SchemaRegistry
 from hakafka.consumer.schema import PipelineSchema
 
 
@@ -39,6 +41,8 @@ class Format(StrEnum):
     JSON = "json"
     RAW = "raw"
     CSV = "csv"
+    AVRO = "avro"
+    PROTOBUF = "protobuf"
 
 
 class OnError(StrEnum):
@@ -650,9 +654,15 @@ def _csv_suspects(values: list[bytes], joined: bytes, delimiter: int) -> np.ndar
 
 
 def make_decoder(
-    format: Format, schema: PipelineSchema, options: DecodeOptions | None = None
+    format: Format,
+    schema: PipelineSchema,
+    options: DecodeOptions | None = None,
+    *,
+    registry: RegistrySettings | None = None,
+    schema_file: Path | None = None,
 ) -> Decoder:
-    """The decoder for pipeline `format` (`json`, `raw` or `csv`)."""
+    """The decoder for pipeline `format`. `avro` reads the Confluent wire format through
+    `registry`, or plain records of the schema in `schema_file`; `protobuf` needs `registry`."""
     decoders: dict[Format, type[_ArrowDecoder]] = {
         Format.JSON: JsonDecoder,
         Format.RAW: RawDecoder,
@@ -661,5 +671,22 @@ def make_decoder(
     try:  # an untyped caller may pass the plain string
         kind = Format(format)
     except ValueError:
-        raise SchemaError(f"unknown format {format!r}; use json, raw or csv") from None
+        allowed = ", ".join(f.value for f in Format)
+        raise SchemaError(f"unknown format {format!r}; use one of {allowed}") from None
+    # Imported here: fastavro and protobuf load only for the pipelines that use them.
+    if kind is Format.AVRO:
+        from hakafka.consumer.avro import AvroDecoder
+
+        return AvroDecoder(
+            schema,
+            options,
+            registry=None if registry is None else SchemaRegistry(registry),
+            schema_file=schema_file,
+        )
+    if kind is Format.PROTOBUF:
+        from hakafka.consumer.protobuf import ProtobufDecoder
+
+        if registry is None:
+            raise SchemaError("format 'protobuf' needs a schema registry ([schema_registry])")
+        return ProtobufDecoder(schema, options, registry=SchemaRegistry(registry))
     return decoders[kind](schema, options)

@@ -25,7 +25,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "query_table": p.buffer.rows.name,
         "topic": p.config.topic,
         "state": s.state,
-        "error": s.error or s.flush_error,
+        "error": s.error or s.flush_error or s.registry_error,
         "restarts": s.restarts,
         "restartable": s.restartable,
         "stalled_s": round(p.stalled_for(time.monotonic()), 1),

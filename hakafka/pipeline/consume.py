@@ -12,6 +12,7 @@ markers, compacted or trimmed offsets), and a checkpoint is the next offset to r
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -19,9 +20,10 @@ import pyarrow as pa
 from buffer import BufferFull, OffsetRange
 from hakafka.consumer import DecodedBatch, Decoder
 from hakafka.consumer.partition_consumer import KafkaMetadataError
+from hakafka.consumer.registry import RegistryUnavailableError
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.lane import Lane
-from hakafka.pipeline.parts import Consumer, Wal
+from hakafka.pipeline.parts import ConsumedMessage, Consumer, Wal
 from hakafka.pipeline.state import PipelineStopped, Signals
 from hakafka.pipeline.walcodec import WalBatch, encode
 from wal import FsyncPolicy
@@ -32,6 +34,10 @@ REFRESH_PARTITIONS_S = 30.0
 # After a metadata error, or while a partition with a known start offset is missing from
 # metadata: retry after 0.5 s, doubling up to the refresh interval.
 METADATA_RETRY_S = 0.5
+# While the schema registry cannot answer, the same batch is decoded again after 0.5 s,
+# doubling up to 10 s (as flushes wait for ClickHouse).
+REGISTRY_RETRY_S = 0.5
+REGISTRY_RETRY_MAX_S = 10.0
 
 
 def retry_delay(attempt: int) -> float:
@@ -50,6 +56,7 @@ class ConsumeLane:
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     paused_since: float | None = None  # monotonic time the buffer limit paused the consumer
+    registry_since: float | None = None  # monotonic time the schema registry went away
     _starts: dict[int, int] = field(default_factory=dict)  # every start offset known at assign
     # Per partition, the next offset no WAL record covers yet (where the next record begins).
     _recorded: dict[int, int] = field(default_factory=dict)
@@ -141,7 +148,7 @@ class ConsumeLane:
             self.positions, self.lag = consumer.position(), consumer.lag()
             if not messages:
                 continue
-            decoded = self.decoder.decode(messages)
+            decoded = self._decode(messages)
             ranges = self._record_ranges(decoded, self.positions)
             began = time.perf_counter()
             header, payload = encode(
@@ -160,6 +167,32 @@ class ConsumeLane:
             )
             lane.index.add(position, {p: r for (t, p), r in ranges.items() if t == topic})
             self.append(decoded.rows, decoded.dead_letters, ranges)
+
+    def _decode(self, messages: Sequence[ConsumedMessage]) -> DecodedBatch:
+        """Decode `messages`; while the schema registry cannot answer, wait and decode the
+        same batch again (an outage, never a bad message), with the error in `status`.
+        PipelineStopped if the pipeline stops meanwhile."""
+        lane, delay, attempt = self.lane, REGISTRY_RETRY_S, 0
+        try:
+            while True:
+                try:
+                    decoded = self.decoder.decode(messages)
+                except RegistryUnavailableError as exc:
+                    attempt += 1
+                    if self.registry_since is None:
+                        self.registry_since = time.monotonic()
+                    lane.status.registry_error = str(exc)[:500]
+                    lane.log.warning(
+                        "decode.registry_retry", error=str(exc), attempt=attempt, backoff_s=delay
+                    )
+                    _sleep_beating(lane.signals, delay)
+                    delay = min(delay * 2, REGISTRY_RETRY_MAX_S)
+                    continue
+                if attempt:
+                    lane.log.info("decode.registry_recovered", attempts=attempt + 1)
+                return decoded
+        finally:
+            self.registry_since, lane.status.registry_error = None, None
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append to the buffer (the gauges follow); at its limit pause the partitions and
@@ -212,4 +245,4 @@ def _sleep_beating(signals: Signals, seconds: float) -> None:
     while (left := deadline - time.monotonic()) > 0:
         signals.beat()
         if signals.stop.wait(min(left, 0.2)):
-            raise PipelineStopped("stopped while retrying Kafka metadata")
+            raise PipelineStopped("stopped while waiting to retry")

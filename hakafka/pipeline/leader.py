@@ -202,13 +202,16 @@ class PipelineLeader:
 
     def stalled_for(self, now: float) -> float:
         """Seconds without progress: since the least recent step of a running thread (a hung
-        call), since the first of the flush attempts failing in a row, or since the consumer
-        paused at the buffer limit with no flush committed after. 0 when all goes on."""
+        call), since the first of the flush attempts failing in a row, since the schema
+        registry went away, or since the consumer paused at the buffer limit with no flush
+        committed after. 0 when all goes on."""
         stalls = [self._signals.stalled_for(now)]
         if (failing := self._flush.failing_since) is not None:
             stalls.append(now - failing)
         if (paused := self._consume.paused_since) is not None:
             stalls.append(now - max(paused, self._signals.committed_at))
+        if (waiting := self._consume.registry_since) is not None:
+            stalls.append(now - waiting)
         return max(0.0, *stalls)
 
     def lag(self) -> dict[int, int]:

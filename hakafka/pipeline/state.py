@@ -45,6 +45,7 @@ class PipelineStatus:
     pending_block: str | None = None
     reflushing: bool = False  # the block in flight is one a former leader left pending
     flush_error: str | None = None  # while flushes (or table creation) fail in a row
+    registry_error: str | None = None  # while the schema registry cannot answer
     checkpoint: dict[int, int] = field(default_factory=dict)
     replayed_rows: int = 0
     refetched_rows: int = 0

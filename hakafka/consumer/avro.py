@@ -1,0 +1,258 @@
+"""`format = "avro"`: Avro records in the Confluent wire format (writer schema by id from the
+registry), or plain Avro records of the one writer schema in `schema_file`.
+
+Bulk decoding: the bodies of one writer schema are framed as ONE block of an in-memory Avro
+object container (header with the writer schema, record count, byte count, sync marker) and
+read by fastavro's `block_reader` in C; the block must be consumed exactly, so a truncated
+record or one with bytes left over fails the block, and bisection isolates it (a single
+record is read with `schemaless_reader`, which must end exactly at the message's end). The
+records then become Arrow arrays in one `pa.array` call per batch, straight into the
+columns' types. Measured in `bench/formats_bench.py`: about 20 % faster than one
+`schemaless_reader` call per message with the same end check. A limit of the block read: a
+record with k bytes too many followed, in the same block, by one with k bytes too few would
+pass as two records; the second (itself truncated) would then hold wrong values.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+from hakafka.consumer.decode import DecodeOptions
+from hakafka.consumer.errors import SchemaError
+from hakafka.consumer.registry import (
+    HEADER_BYTES,
+    SchemaRegistry,
+    group_by_id,
+    unknown_id,
+    wire_headers,
+)
+from hakafka.consumer.schema import PipelineSchema
+from hakafka.consumer.wire import (
+    WriterDecoder,
+    WriterGroup,
+    fits,
+    mismatch,
+    missing,
+    null_columns,
+)
+
+_PRIMITIVE_KINDS = {
+    "boolean": "bool",
+    "int": "int",
+    "long": "int",
+    "float": "float",
+    "double": "float",
+    "string": "string",
+    "bytes": "bytes",
+}
+_LOGICAL_KINDS = {
+    "date": "date",
+    "timestamp-millis": "timestamp",
+    "timestamp-micros": "timestamp",
+    "timestamp-nanos": "timestamp",
+    "decimal": "decimal",
+}
+
+
+def _varint(value: int) -> bytes:
+    """Avro's zig-zag varint of a non-negative long."""
+    value <<= 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _kind(avro_type: Any, named: dict[str, Any]) -> tuple[str, bool]:
+    """(kind for `wire.fits`, whether it may be null) of a parsed Avro type."""
+    if isinstance(avro_type, list):  # a union: null plus exactly one other branch
+        branches = [t for t in avro_type if t != "null"]
+        if len(branches) != 1:
+            return f"union of {len(branches)} non-null types", True
+        return _kind(branches[0], named)[0], len(branches) < len(avro_type)
+    if isinstance(avro_type, str):
+        if avro_type in _PRIMITIVE_KINDS:
+            return _PRIMITIVE_KINDS[avro_type], False
+        return _kind(named[avro_type], named) if avro_type in named else (avro_type, False)
+    logical = avro_type.get("logicalType")
+    if logical in _LOGICAL_KINDS:
+        return _LOGICAL_KINDS[logical], False
+    base = avro_type["type"]
+    if base == "array":
+        return "array:" + _kind(avro_type["items"], named)[0], False
+    if base == "enum":
+        return "string", False
+    if base == "fixed":
+        return "bytes", False
+    if base in ("record", "map"):
+        return base, False
+    return _kind(base, named)
+
+
+@dataclass
+class AvroWriter:
+    """One Avro writer schema, checked against the columns; reads bodies in bulk."""
+
+    where: str  # "writer schema 7", "schema_file x.avsc": named in every reason
+    parsed: dict[str, Any]
+    declared: pa.Schema
+    ch_types: dict[str, str]  # column -> ClickHouse type, for the reasons
+    problem: str | None = None
+    _fields: list[str] = field(default_factory=list)  # declared columns the writer has
+    _header: bytes = b""
+    _sync: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.problem is not None:
+            return
+        named: dict[str, Any] = {}
+        _collect_named(self.parsed, named)
+        by_name = {f["name"]: f["type"] for f in self.parsed.get("fields", ())}
+        for column in self.declared:
+            if column.name not in by_name:
+                if not column.nullable:
+                    self.problem = self.problem or missing(self.where, column.name)
+                continue
+            kind = _kind(by_name[column.name], named)[0]
+            if not fits(kind, column.type):
+                self.problem = self.problem or mismatch(
+                    self.where, column.name, kind, column.name, self.ch_types[column.name]
+                )
+            self._fields.append(column.name)
+        self._sync = os.urandom(16)
+        header = io.BytesIO()
+        fastavro.writer(header, self.parsed, [], sync_marker=self._sync)
+        self._header = header.getvalue()
+
+    def read(self, bodies: list[bytes]) -> pa.Table:
+        records = self._one(bodies[0]) if len(bodies) == 1 else self._block(bodies)
+        struct = pa.array(records, pa.struct([self.declared.field(name) for name in self._fields]))
+        arrays = {name: struct.field(i) for i, name in enumerate(self._fields)}
+        arrays.update(null_columns(self.declared, self._fields, len(bodies)))
+        return pa.Table.from_arrays(
+            [arrays[name] for name in self.declared.names], schema=self.declared
+        )
+
+    def _one(self, body: bytes) -> list[Any]:
+        reader = io.BytesIO(body)
+        try:
+            record = fastavro.schemaless_reader(reader, self.parsed, None)
+        except EOFError:
+            raise ValueError(f"the Avro record is cut short ({self.where})") from None
+        if reader.tell() != len(body):
+            raise ValueError(
+                f"{len(body) - reader.tell()} bytes left after the Avro record ({self.where})"
+            )
+        return [record]
+
+    def _block(self, bodies: list[bytes]) -> list[Any]:
+        data = b"".join(bodies)
+        framed = io.BytesIO(
+            self._header + _varint(len(bodies)) + _varint(len(data)) + data + self._sync
+        )
+        records: list[Any] = []
+        for block in fastavro.block_reader(framed):
+            records.extend(block)
+            if block.bytes_.tell() != len(data):  # type: ignore[attr-defined]  # not in the stub
+                raise ValueError("the records do not end where the messages do")
+        return records
+
+
+def _collect_named(avro_type: Any, named: dict[str, Any]) -> None:
+    """Named types (records, enums, fixed) of a parsed schema by full name."""
+    if isinstance(avro_type, list):
+        for branch in avro_type:
+            _collect_named(branch, named)
+    elif isinstance(avro_type, dict):
+        if "name" in avro_type and avro_type.get("type") in ("record", "enum", "fixed"):
+            named[avro_type["name"]] = avro_type
+        for f in avro_type.get("fields", ()):
+            _collect_named(f["type"], named)
+        for key in ("items", "values"):
+            if key in avro_type:
+                _collect_named(avro_type[key], named)
+
+
+def parse_avro_schema(text: str, where: str) -> dict[str, Any]:
+    """A writer schema parsed by fastavro; SchemaError naming `where` if it is not a valid
+    Avro record schema."""
+    try:
+        parsed = fastavro.parse_schema(json.loads(text))
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise SchemaError(f"{where} is not a valid Avro schema: {exc}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        raise SchemaError(f"{where} must be an Avro record schema")
+    return dict(parsed)
+
+
+class AvroDecoder(WriterDecoder):
+    """Confluent-framed Avro (writer schema by id from `registry`), or plain Avro records of
+    the one schema in `schema_file` (no header)."""
+
+    def __init__(
+        self,
+        schema: PipelineSchema,
+        options: DecodeOptions | None = None,
+        *,
+        registry: SchemaRegistry | None = None,
+        schema_file: Path | None = None,
+    ) -> None:
+        super().__init__(schema, options)
+        if (registry is None) == (schema_file is None):
+            raise SchemaError("format 'avro' needs either a schema registry or a schema_file")
+        self._registry = registry
+        self._ch_types = {c.name: c.clickhouse_type for c in schema.columns}
+        self._writers: dict[int, AvroWriter | None] = {}  # schema id -> writer (None: unknown)
+        self._file: AvroWriter | None = None
+        if schema_file is not None:
+            where = f"schema_file {schema_file}"
+            try:
+                text = schema_file.read_text()
+            except OSError as exc:
+                raise SchemaError(f"cannot read {where}: {exc.strerror}") from None
+            self._file = self._checked(where, parse_avro_schema(text, where))
+
+    def _groups(self, values: list[bytes]) -> tuple[list[WriterGroup], dict[int, str]]:
+        if self._file is not None:
+            return [WriterGroup(self._file, list(range(len(values))), values)], {}
+        ids, problems = wire_headers(values)
+        good = [p for p in range(len(values)) if p not in problems]
+        groups = []
+        for schema_id, positions in group_by_id(ids, good).items():
+            writer = self._writer_of(schema_id)
+            if writer is None:
+                problems.update(dict.fromkeys(positions, unknown_id(schema_id)))
+                continue
+            bodies = [values[p][HEADER_BYTES:] for p in positions]
+            groups.append(WriterGroup(writer, positions, bodies))
+        return groups, problems
+
+    def _writer_of(self, schema_id: int) -> AvroWriter | None:
+        if schema_id in self._writers:
+            return self._writers[schema_id]
+        assert self._registry is not None
+        found = self._registry.by_id(schema_id)  # RegistryUnavailableError: nothing cached
+        writer: AvroWriter | None = None
+        if found is not None:
+            where = f"writer schema {schema_id}"
+            try:
+                if found.schema_type != "AVRO":
+                    raise SchemaError(f"{where} is {found.schema_type}, not Avro")
+                writer = self._checked(where, parse_avro_schema(found.text, where))
+            except SchemaError as exc:  # no record of it can fit: each is a dead letter
+                writer = AvroWriter(where, {}, self._declared, self._ch_types, problem=str(exc))
+        self._writers[schema_id] = writer
+        return writer
+
+    def _checked(self, where: str, parsed: dict[str, Any]) -> AvroWriter:
+        return AvroWriter(where, parsed, self._declared, self._ch_types)

@@ -1,0 +1,146 @@
+"""The shared engine of the formats whose records name their writer schema (Avro, Protobuf).
+
+A batch is split by writer schema (the Confluent header's schema id, or the one schema of a
+schema file); each writer is resolved once per term and checked against the pipeline's
+columns once (`Writer.problem`: a field a column cannot take, a required column the schema
+lacks), then each group decodes in bulk (`Writer.read`). A group that fails is bisected with
+the JSON/CSV engine's `_bisect`, so one bad record costs a few bulk reads, and rows go back
+into Kafka order before the meta columns are added. Fields map to columns by name.
+
+Which writer kinds a column's Arrow type takes (`fits`): Avro's promotions (int -> long ->
+float -> double; string <-> bytes), any integer into any integer column (a value out of its
+range makes that record bad), a union with null (or a Protobuf field with presence) into a
+Nullable column or a required one (a null then makes the record bad), dates and timestamps
+into Date/DateTime columns, decimals into Decimal, arrays into Array of a kind that fits.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from hakafka.consumer.decode import DecodedBatch, DecodeOptions, _ArrowDecoder, _ChunkError
+from hakafka.consumer.messages import MessageColumns
+from hakafka.consumer.registry import RegistryUnavailableError
+from hakafka.consumer.schema import PipelineSchema
+
+
+class Writer(Protocol):
+    """One writer schema, resolved and checked against the pipeline's columns."""
+
+    @property
+    def problem(self) -> str | None:
+        """Why no record of this schema fits the columns (None: they may)."""
+        ...
+
+    def read(self, bodies: list[bytes]) -> pa.Table:
+        """The records in `bodies` (headers removed) as a table of the declared columns, one
+        row per body; ValueError (or an Arrow error) if any body is not one fitting record."""
+        ...
+
+
+@dataclass(frozen=True)
+class WriterGroup:
+    """The messages of one writer schema: their positions in the batch and their bodies."""
+
+    writer: Writer
+    positions: list[int]
+    bodies: list[bytes]
+
+
+class WriterDecoder(_ArrowDecoder):
+    """Decodes batches group by group of writer schema; see the module docstring."""
+
+    def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
+        super().__init__(schema, options)
+        self._reading: Writer | None = None  # the group `_parse` reads, set per group
+
+    @abstractmethod
+    def _groups(self, values: list[bytes]) -> tuple[list[WriterGroup], dict[int, str]]:
+        """`values` grouped by writer schema, and the bad ones (position -> reason: no
+        header, unknown schema id). Raises `RegistryUnavailableError` before deciding
+        anything when the registry cannot answer."""
+
+    def decode_columns(self, columns: MessageColumns) -> DecodedBatch:
+        bad: dict[int, str] = {}
+        idx, values = self._prefilter(columns.values, bad)
+        groups, problems = self._groups(values) if values else ([], {})
+        for pos, reason in problems.items():
+            bad[idx[pos]] = reason
+        tables: list[pa.Table] = []
+        order: list[int] = []
+        for group in groups:
+            group_idx = [idx[p] for p in group.positions]
+            if group.writer.problem is not None:
+                bad.update(dict.fromkeys(group_idx, group.writer.problem))
+                continue
+            self._reading = group.writer
+            parsed, spans = self._bisect(group.bodies, group_idx, b"", bad)
+            tables += parsed
+            order += [group_idx[p] for lo, hi in spans for p in range(lo, hi)]
+        table = self._assemble(tables)
+        good_idx = np.asarray(order, np.int64)
+        if len(groups) > 1:  # groups interleave in Kafka order: put the rows back in it
+            by_offset = np.argsort(good_idx, kind="stable")
+            table, good_idx = table.take(pa.array(by_offset)), good_idx[by_offset]
+        table, good_idx = self._check_required(table, good_idx, bad)
+        return self._outcome(self._with_meta(table, good_idx, columns), columns, bad)
+
+    def _parse_chunk(self, joined: bytes, values: list[bytes]) -> pa.Table:
+        table = self._parse(joined, values)
+        if table.num_rows != len(values):
+            raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
+        return table
+
+    def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
+        del joined
+        assert self._reading is not None
+        try:
+            return self._reading.read(values)
+        except (pa.ArrowException, ValueError, RegistryUnavailableError):
+            raise
+        except Exception as exc:  # decoders raise EOFError, IndexError, ... on bad bytes
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+
+
+def fits(kind: str, target: pa.DataType) -> bool:
+    """Whether a writer field of `kind` (bool, int, float, string, bytes, date, timestamp,
+    decimal, record, map, `array:<kind>`) may go into a column of Arrow type `target`."""
+    if kind.startswith("array:"):
+        return pa.types.is_list(target) and fits(kind.removeprefix("array:"), target.value_type)
+    checks = {
+        "bool": (pa.types.is_boolean,),
+        "int": (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal),
+        "float": (pa.types.is_floating,),
+        "string": (pa.types.is_string, pa.types.is_binary),
+        "bytes": (pa.types.is_binary, pa.types.is_string),
+        "date": (pa.types.is_date,),
+        "timestamp": (pa.types.is_timestamp,),
+        "decimal": (pa.types.is_decimal,),
+        "record": (pa.types.is_struct,),
+        "map": (pa.types.is_map,),
+    }
+    return any(check(target) for check in checks.get(kind, ()))
+
+
+def mismatch(where: str, field: str, kind: str, column: str, ch_type: str) -> str:
+    """The reason a writer schema does not fit: a field a column cannot take."""
+    return (
+        f"{where}: field {field!r} ({kind.replace('array:', 'array of ')}) does not fit "
+        f"column {column!r} {ch_type}"
+    )
+
+
+def missing(where: str, column: str) -> str:
+    """The reason a writer schema does not fit: it lacks a required column."""
+    return f"{where} has no field {column!r} for required column {column!r}"
+
+
+def null_columns(schema: pa.Schema, present: Sequence[str], rows: int) -> dict[str, pa.Array]:
+    """All-null arrays of the declared columns a writer schema lacks (not required ones)."""
+    return {f.name: pa.nulls(rows, f.type) for f in schema if f.name not in present}
