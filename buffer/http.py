@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from buffer.auth import bearer_ok
+from buffer.auth import HTTP_CHALLENGES, http_token_ok
 from buffer.formats import Format, choose_format, encode
 from buffer.limits import ServerLimits
 from buffer.sql import Forward, QueryError, SqlEngine
@@ -92,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
             known = ", ".join(sorted(["/query", *self.server.routes]))
             return _Refusal(404, "not_found", f"no endpoint {path}; use one of {known}")
         public = route is not None and route.public
-        if not public and not bearer_ok(self.server.token, self.headers.get("Authorization")):
+        if not public and not http_token_ok(self.server.token, self.headers.get("Authorization")):
             return _Refusal(401, "unauthenticated", "missing or wrong bearer token")
         if post and route is not None:
             return _Refusal(405, "method_not_allowed", f"{path} answers GET only")
@@ -169,7 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if status == 401:
-            self.send_header("WWW-Authenticate", "Bearer")
+            for challenge in HTTP_CHALLENGES:
+                self.send_header("WWW-Authenticate", challenge)
         if status == 429:
             self.send_header("Retry-After", "1")
         if self.close_connection:
@@ -243,8 +244,10 @@ class HttpQueryServer:
     ``GET /query?sql=...&format=json|csv|arrow`` or ``POST /query`` with the SQL as body
     (or a JSON body ``{"sql": ..., "format": ...}``); without ``format`` the Accept header
     decides, default JSON. Status: 200, 400 bad SQL (DuckDB's message) or row limit,
-    401 missing/wrong bearer token, 403 refused by the sandbox, 408 timeout; errors are
-    JSON ``{"error": kind, "message": text}``.
+    401 missing/wrong token, 403 refused by the sandbox, 408 timeout; errors are
+    JSON ``{"error": kind, "message": text}``. The token of every non-public path comes as
+    ``Bearer <token>`` or, from a browser, as HTTP Basic with the token as password (a 401
+    offers both).
 
     ``limits`` bound each client: the route and token are checked before any body is read;
     a POST body needs a valid Content-Length within ``max_request_bytes`` (411 none or
