@@ -1,0 +1,117 @@
+"""`format = "protobuf"`: Confluent-framed messages (schema id + message-index array), their
+classes built from the registry's descriptors; confluent-kafka's serializer produces them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from devstack.schema_registry import SchemaRegistryService
+from hakafka.consumer import Format, PipelineSchema, make_decoder
+from hakafka.consumer.protobuf import message_indexes
+from hakafka.consumer.registry import RegistrySettings, RegistryUnavailableError
+from tests.formats import (
+    COLUMNS,
+    VALUE_CONTEXT,
+    declared,
+    decode,
+    errors,
+    expected_row,
+    proto_event,
+    proto_event_class,
+    proto_serializer,
+    registry,
+    serializer_for,
+)
+
+__all__ = ["registry"]  # the fixture
+
+
+def decoder(registry: SchemaRegistryService, columns: dict[str, str] = COLUMNS) -> Any:
+    return make_decoder(
+        Format.PROTOBUF,
+        PipelineSchema.of(columns.items()),
+        registry=RegistrySettings(registry.url),
+    )
+
+
+def test_two_writer_versions_interleaved_keep_kafka_order_and_evolve(
+    registry: SchemaRegistryService,
+) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    v1 = serializer_for("protobuf", client, version=1)
+    v2 = serializer_for("protobuf", client, version=2)
+    values = [(v2 if i % 4 == 0 else v1)(i) for i in range(200)]
+    batch = decode(decoder(registry), values)
+    assert batch.bad == 0
+    assert declared(batch) == [expected_row(i, note=i % 4 == 0) for i in range(200)]
+    assert client.get_versions("events-value") == [1, 2]
+
+
+def test_timestamps_enums_by_number_and_the_message_index_path(
+    registry: SchemaRegistryService,
+) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    value = serializer_for("protobuf", client, version=1)(5)
+    assert value[5] == 0  # the first message type: a single 0 byte
+    assert message_indexes(b"\x00\x00\x00\x00\x01\x04\x02\x06") == ((1, 3), 8)
+    columns = {"id": "UInt32", "kind": "Int8", "at": "DateTime64(3, 'UTC')"}
+    batch = decode(decoder(registry, columns), [value])
+    assert batch.rows.select(list(columns)).to_pylist() == [
+        {"id": 5, "kind": 2, "at": dt.datetime(2023, 11, 14, 22, 13, 25, tzinfo=dt.UTC)}
+    ]
+
+
+def test_bad_inputs_are_dead_letters_with_their_reason(registry: SchemaRegistryService) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    good = serializer_for("protobuf", client, version=1)
+    ok = good(10)
+    values = [
+        good(0),
+        b"\x07" + ok[1:],  # wrong magic byte
+        b"\x00\x00\x00\x00\x2a" + ok[5:],  # schema id 42: unknown
+        ok[:6] + b"\xff\xff\xff",  # not a protobuf message
+        b"\x00\x00\x00\x00\x01\x02\x0a",  # index path [5]: no such message type
+        good(5),
+    ]
+    batch = decode(decoder(registry), values)
+    assert declared(batch) == [expected_row(0, note=False), expected_row(5, note=False)]
+    found = errors(batch)
+    assert found[1] == "wrong magic byte 7 (expected 0): not in the Confluent wire format"
+    assert found[2] == "unknown schema id 42: the schema registry has no such schema"
+    assert "Error parsing message with type 'hakafka.test.Event'" in found[3]
+    assert found[4] == "writer schema 1 message [5] does not exist"
+    assert len(found) == 4
+
+
+def test_a_writer_that_does_not_fit_and_an_avro_id_are_dead_letters(
+    registry: SchemaRegistryService,
+) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    values = [serializer_for("protobuf", client, version=1)(1)]
+    batch = decode(decoder(registry, {**COLUMNS, "kind": "Float64"}), values)
+    assert errors(batch) == {
+        0: "writer schema 1 message [0] (hakafka.test.Event): field 'kind' (enum) does not "
+        "fit column 'kind' Float64"
+    }
+    avro = serializer_for("avro", client, version=1)(1)
+    batch = decode(decoder(registry), [avro])
+    assert errors(batch) == {0: "writer schema 2 is AVRO, not Protobuf"}
+
+
+def test_a_registry_that_cannot_answer_raises_and_decides_nothing(
+    registry: SchemaRegistryService,
+) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    message_class = proto_event_class("hakafka.test", with_note=False)
+    serialize = proto_serializer(client, message_class)
+    values = [serialize(proto_event(message_class, i, note=False), VALUE_CONTEXT) for i in range(3)]
+    fresh = decoder(registry)
+    registry.stop()
+    with pytest.raises(RegistryUnavailableError, match="unreachable for schema id 1"):
+        decode(fresh, values)
+    registry.start()
+    assert decode(fresh, values).good == 3

@@ -1,0 +1,172 @@
+"""What the Avro and Protobuf tests and the formats bench share: the event schemas (a
+version 2 that adds a field with a default), message classes built from descriptors (no
+protoc), and producers' values serialized by confluent-kafka's own serializers against a
+registry of the dev stack."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+from devstack.process import running
+from devstack.schema_registry import SchemaRegistryService
+from hakafka.consumer import DecodedBatch, MessageColumns
+
+# The pipeline's columns for both formats; `note` came with version 2 of the schemas.
+COLUMNS = {
+    "id": "Int64",
+    "kind": "LowCardinality(String)",
+    "amount": "Nullable(Float64)",
+    "note": "Nullable(String)",
+}
+KINDS = ("click", "view", "buy")
+
+AVRO_V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Event",
+    "namespace": "hakafka.test",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": list(KINDS)}},
+        {"name": "amount", "type": ["null", "double"], "default": None},
+    ],
+}
+AVRO_V2: dict[str, Any] = {
+    **AVRO_V1,
+    "fields": [*AVRO_V1["fields"], {"name": "note", "type": "string", "default": ""}],
+}
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+def proto_event_class(package: str, *, with_note: bool) -> Any:
+    """A proto3 `Event {int64 id; Kind kind; optional double amount; Timestamp at;
+    [string note]}` class, built from a descriptor in a pool of its own."""
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name=f"{package}/event.proto", package=package, syntax="proto3"
+    )
+    fdp.dependency.append("google/protobuf/timestamp.proto")
+    kind = fdp.enum_type.add(name="Kind")
+    for number, name in enumerate(KINDS):
+        kind.value.add(name=name, number=number)
+    event = fdp.message_type.add(name="Event")
+    optional = _F.LABEL_OPTIONAL
+    event.field.add(name="id", number=1, type=_F.TYPE_INT64, label=optional)
+    event.field.add(
+        name="kind", number=2, type=_F.TYPE_ENUM, type_name=f".{package}.Kind", label=optional
+    )
+    event.oneof_decl.add(name="_amount")
+    event.field.add(
+        name="amount",
+        number=3,
+        type=_F.TYPE_DOUBLE,
+        label=optional,
+        proto3_optional=True,
+        oneof_index=0,
+    )
+    event.field.add(
+        name="at",
+        number=4,
+        type=_F.TYPE_MESSAGE,
+        type_name=".google.protobuf.Timestamp",
+        label=optional,
+    )
+    if with_note:
+        event.field.add(name="note", number=5, type=_F.TYPE_STRING, label=optional)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Event"))
+
+
+def avro_serializer(client: SchemaRegistryClient, schema: dict[str, Any]) -> Any:
+    return AvroSerializer(client, json.dumps(schema))
+
+
+def proto_serializer(client: SchemaRegistryClient, message_class: Any) -> Any:
+    return ProtobufSerializer(message_class, client, {"use.deprecated.format": False})
+
+
+def avro_event(i: int, *, note: bool) -> dict[str, Any]:
+    record: dict[str, Any] = {"id": i, "kind": KINDS[i % 3], "amount": None if i % 5 else i / 2}
+    if note:
+        record["note"] = f"n{i}"
+    return record
+
+
+def proto_event(message_class: Any, i: int, *, note: bool) -> Any:
+    event = message_class(id=i, kind=i % 3)
+    if i % 5 == 0:
+        event.amount = i / 2
+    event.at.seconds = 1_700_000_000 + i
+    if note:
+        event.note = f"n{i}"
+    return event
+
+
+def expected_row(i: int, *, note: bool) -> dict[str, Any]:
+    """The columns of event `i` as ClickHouse should hold them (both formats)."""
+    return {
+        "id": i,
+        "kind": KINDS[i % 3],
+        "amount": None if i % 5 else i / 2,
+        "note": f"n{i}" if note else None,
+    }
+
+
+def serializer_for(
+    fmt: str, client: SchemaRegistryClient, *, version: int
+) -> Callable[[int], bytes]:
+    """`i -> value` of event `i`, serialized as `fmt` ("avro" or "protobuf") with schema
+    version 1 or 2 (2 adds `note`), registering the schema under `<topic>-value`."""
+    note = version == 2
+    if fmt == "avro":
+        serialize = avro_serializer(client, AVRO_V2 if note else AVRO_V1)
+        return lambda i: bytes(serialize(avro_event(i, note=note), VALUE_CONTEXT))
+    message_class = proto_event_class("hakafka.test", with_note=note)
+    serialize = proto_serializer(client, message_class)
+    return lambda i: bytes(serialize(proto_event(message_class, i, note=note), VALUE_CONTEXT))
+
+
+def decode(decoder: Any, values: Sequence[bytes]) -> DecodedBatch:
+    """`values` decoded as offsets 0.. of partition 0 of topic `t`."""
+    n = len(values)
+    kept: list[bytes | None] = list(values)
+    columns = MessageColumns(["t"] * n, [0] * n, list(range(n)), [0] * n, [None] * n, kept)
+    return decoder.decode_columns(columns)  # type: ignore[no-any-return]
+
+
+def declared(batch: DecodedBatch) -> list[dict[str, Any]]:
+    """The declared columns of the good rows."""
+    rows: list[dict[str, Any]] = batch.rows.select(list(COLUMNS)).to_pylist()
+    return rows
+
+
+def errors(batch: DecodedBatch) -> dict[int, str]:
+    """Offset -> reason of every dead letter."""
+    dead = batch.dead_letters
+    if dead is None:
+        return {}
+    return dict(
+        zip(dead.column("_offset").to_pylist(), dead.column("_error").to_pylist(), strict=True)
+    )
+
+
+# Subject `events-value` under the default TopicNameStrategy.
+VALUE_CONTEXT = SerializationContext("events", MessageField.VALUE)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[SchemaRegistryService]:
+    """A schema registry process of the dev stack for one test (state under tmp_path)."""
+    with running(SchemaRegistryService(tmp_path / "schema_registry")) as service:
+        yield service
