@@ -137,6 +137,8 @@ class ZooKeeperConfig:
     request_timeout: float = 5.0
     auth_user: str = ""
     auth_password: Secret = field(default=Secret(""), metadata={"env": ENV_ZK_PASSWORD})
+    # A root that anyone may change: false warns at start (`zookeeper.acl_open`), true refuses.
+    require_acl: bool = False
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ def zk_config(config: Config) -> ZkConfig:
         connect_timeout_s=z.connect_timeout,
         request_timeout_s=z.request_timeout,
         auth=(z.auth_user, z.auth_password.value) if z.auth_user else None,
+        require_acl=z.require_acl,
     )
 
 

@@ -12,6 +12,8 @@ unparsable, type mismatch, a required field absent or null) never stop a partiti
 
 from __future__ import annotations
 
+import datetime as dt
+import ipaddress
 import json
 import re
 from abc import ABC, abstractmethod
@@ -32,7 +34,7 @@ from hakafka.consumer.dead_letter import dead_letter_batch
 from hakafka.consumer.errors import DecodeError, SchemaError
 from hakafka.consumer.messages import KafkaMessage, MessageColumns
 from hakafka.consumer.registry import RegistrySettings, SchemaRegistry
-from hakafka.consumer.schema import PipelineSchema
+from hakafka.consumer.schema import ArrowType, Check, ColumnSpec, PipelineSchema, Shape
 
 
 class Format(StrEnum):
@@ -144,11 +146,12 @@ class _ArrowDecoder(ABC):
         self.options = options or DecodeOptions()
         self._declared = schema.declared_schema()
         self._text = schema.text_schema()
-        # Columns a text parser cannot produce directly: parsed as `text`, then cast.
-        self._casts = [
-            (i, f.type)
-            for i, (f, text) in enumerate(zip(self._declared, self._text, strict=True))
-            if f.type != text.type
+        # Columns a text parser cannot produce directly, or whose values must pass a check:
+        # parsed as `text`, then converted.
+        self._converts = [
+            (i, column.name, column.mapped)
+            for i, column in enumerate(schema.columns)
+            if column.mapped.converted
         ]
         self._output = schema.arrow_schema()
         self._required = [c.name for c in schema.columns if c.is_required]
@@ -238,8 +241,8 @@ class _ArrowDecoder(ABC):
             if len(values) == 1:
                 raise _ChunkError(f"message holds {table.num_rows} records, expected exactly one")
             raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
-        for i, target in self._casts:
-            table = table.set_column(i, table.field(i).name, _cast(table.column(i), target))
+        for i, name, mapped in self._converts:
+            table = table.set_column(i, name, _convert(table.column(i), mapped, name))
         return table
 
     def _bisect(
@@ -348,27 +351,180 @@ class _ArrowDecoder(ABC):
         )
 
 
-def _cast(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
-    """Cast a parsed column to its final type; a date must not carry a time of day."""
-    cast = column.cast(target)
-    if pa.types.is_date(_leaf(target)):
-        parsed, dates = _leaves(column), _leaves(cast)
-        same = pc.equal(dates.cast(parsed.type), parsed)
-        if not pc.all(pc.or_kleene(same, pc.is_null(parsed))).as_py():
-            raise _ChunkError(f"a Date value has a time of day ({target} expected)")
+class _BadValueError(ValueError):
+    """Value `index` of an array fails its column type; `position` locates it in the row."""
+
+    def __init__(self, index: int, reason: str, position: str = "") -> None:
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
+        self.position = position
+
+
+_UUID = r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = rf"^{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}$"
+_SHOWN = 64  # characters of a bad value quoted in its error
+
+
+def _convert(column: pa.ChunkedArray, mapped: ArrowType, name: str) -> pa.ChunkedArray:
+    """A parsed column (`mapped.text`) as its final type (`mapped.arrow`), every value
+    checked; a bad one raises `_ChunkError` naming the column, the value's position in it
+    and the row (for the bisection)."""
+    chunks = []
+    start = 0
+    for chunk in column.chunks:
+        try:
+            chunks.append(_convert_array(chunk, mapped))
+        except _BadValueError as bad:
+            raise _ChunkError(
+                f"column {name!r}{bad.position}: {bad.reason} in row {start + bad.index}"
+            ) from None
+        start += len(chunk)
+    return pa.chunked_array(chunks, mapped.arrow)
+
+
+def _convert_array(array: pa.Array, mapped: ArrowType) -> pa.Array:
+    if not mapped.converted:
+        return array
+    mask = array.is_null() if array.null_count else None
+    if mapped.shape is Shape.SCALAR:
+        return _convert_scalar(array, mapped)
+    if mapped.shape is Shape.STRUCT:
+        fields = list(mapped.arrow)
+        children = []
+        for child, field_type, arrow_field in zip(
+            array.flatten(), mapped.children, fields, strict=True
+        ):
+            try:
+                children.append(_convert_array(child, field_type))
+            except _BadValueError as bad:
+                raise _BadValueError(
+                    bad.index, bad.reason, f".{arrow_field.name}{bad.position}"
+                ) from None
+        return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
+    offsets = array.offsets.to_numpy()
+    first, last = int(offsets[0]), int(offsets[-1])
+    relative = pa.array(offsets - first, pa.int32())
+
+    def inner(values: pa.Array, item: ArrowType, what: str) -> pa.Array:
+        try:
+            return _convert_array(values.slice(first, last - first), item)
+        except _BadValueError as bad:
+            row = int(np.searchsorted(offsets - first, bad.index, side="right")) - 1
+            local = bad.index - int(offsets[row] - first)
+            raise _BadValueError(row, bad.reason, f"[{local}]{what}{bad.position}") from None
+
+    if mapped.shape is Shape.LIST:
+        values = inner(array.values, mapped.children[0], "")
+        return pa.ListArray.from_arrays(relative, values, type=mapped.arrow, mask=mask)
+    keys = inner(array.keys, mapped.children[0], ".key")
+    items = inner(array.items, mapped.children[1], ".value")
+    return pa.MapArray.from_arrays(relative, keys, items, type=mapped.arrow, mask=mask)
+
+
+def _first_bad(ok: pa.Array, values: pa.Array, what: str) -> None:
+    """Raise `_BadValueError` for the first value whose `ok` is false (null: fine)."""
+    if pc.all(pc.fill_null(ok, True), min_count=0).as_py():
+        return
+    index = int(pc.index(pc.fill_null(ok, True), False).as_py())
+    raise _BadValueError(index, f"{_shown(values[index].as_py())} is not {what}")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _convert_scalar(array: pa.Array, mapped: ArrowType) -> pa.Array:
+    check = mapped.check
+    if check is Check.UUID:
+        _first_bad(pc.match_substring_regex(array, _UUID), array, "a UUID")
+        return pc.utf8_lower(array)
+    if check is Check.IPV4:
+        _first_bad(pc.match_substring_regex(array, _IPV4), array, "an IPv4 address")
+        return array
+    if check is Check.ENUM:
+        known = pc.is_in(array, value_set=pa.array(sorted(mapped.enum_names), pa.string()))
+        names = ", ".join(repr(n) for n in sorted(mapped.enum_names))
+        _first_bad(known, array, f"one of the Enum's names ({names})")
+        return array
+    if check is Check.FIXED_STRING:
+        size = mapped.size
+        lengths = pc.binary_length(array)
+        _first_bad(pc.less_equal(lengths, size), array, f"at most {size} bytes long")
+        return _padded(array, size)
+    if check is Check.IPV6:
+        return _per_value(array, _ipv6_text, "an IPv6 address")
+    if check is Check.JSON:
+        return _per_value(array, _json_object_text, "a JSON object")
+    cast = array.cast(mapped.arrow)
+    if pa.types.is_date(mapped.arrow):
+        same = pc.equal(cast.cast(array.type), array)
+        if not pc.all(pc.fill_null(same, True), min_count=0).as_py():
+            index = int(pc.index(pc.fill_null(same, True), False).as_py())
+            raise _BadValueError(index, f"a Date value has a time of day ({mapped.arrow} expected)")
     return cast
 
 
-def _leaf(data_type: pa.DataType) -> pa.DataType:
-    while pa.types.is_list(data_type):
-        data_type = data_type.value_type
-    return data_type
+def _padded(array: pa.Array, size: int) -> pa.Array:
+    """Strings of at most `size` bytes as fixed_size_binary(size), zero-padded at the end
+    (as ClickHouse stores a shorter FixedString value)."""
+    start = array.offset
+    offsets = np.frombuffer(array.buffers()[1], np.int32)[start : start + len(array) + 1]
+    offsets = offsets.astype(np.int64)
+    lengths = np.diff(offsets)
+    data = np.frombuffer(array.buffers()[2] or b"", np.uint8)
+    out = np.zeros(len(array) * size, np.uint8)
+    rows = np.repeat(np.arange(len(array)), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    out[rows * size + within] = data[offsets[0] : offsets[-1]]
+    fixed = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(size), len(array), [None, pa.py_buffer(out)]
+    )
+    if not array.null_count:
+        return fixed
+    return pc.if_else(array.is_null(), pa.scalar(None, pa.binary(size)), fixed)
 
 
-def _leaves(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    while pa.types.is_list(column.type):
-        column = pc.list_flatten(column)
-    return column
+def _per_value(array: pa.Array, text_of: Callable[[str], str | None], what: str) -> pa.Array:
+    """Values no Arrow kernel checks: each distinct one through `text_of` (its canonical
+    text, or None if it is not `what`)."""
+    texts: list[str | None] = []
+    known: dict[str, str | None] = {}
+    for index, value in enumerate(array.to_pylist()):
+        if value is None:
+            texts.append(None)
+            continue
+        if value not in known:
+            known[value] = text_of(value)
+        if known[value] is None:
+            raise _BadValueError(index, f"{_shown(value)} is not {what}")
+        texts.append(known[value])
+    return pa.array(texts, pa.string())
+
+
+def _ipv6_text(value: str) -> str | None:
+    """An IPv6 (or IPv4, as its mapped IPv6) address as ClickHouse prints it."""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv4Address):
+        return f"::ffff:{address}"
+    if address.scope_id is not None:
+        return None
+    if address.ipv4_mapped is not None:
+        return f"::ffff:{address.ipv4_mapped}"
+    return str(address)
+
+
+def _json_object_text(value: str) -> str | None:
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    return value if isinstance(parsed, dict) else None
 
 
 def _row_hint(exc: BaseException) -> int | None:
@@ -409,21 +565,49 @@ def _meta_array(name: str, columns: MessageColumns) -> pa.Array:
 class JsonDecoder(_ArrowDecoder):
     """One JSON object per message; fields not in the schema are ignored.
 
+    A column reads the top-level field of its name, or the value at its `path`. Arrow parses
+    every column it can, nested paths included (as structs and lists, then taken apart);
+    columns of a type Arrow's JSON reader cannot produce (Map, JSON, an unnamed Tuple, at any
+    depth) are read from the messages parsed by the `json` module, only in pipelines that
+    declare one.
+
     A value with a raw newline (legal only as whitespace between JSON tokens) is checked
     with the strict `json` module and its newlines turned into spaces before the batch parse.
     """
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
         super().__init__(schema, options)
+        _check_paths(schema.columns)
+        self._objects = [c for c in schema.columns if c.mapped.needs_objects]
+        parsed = [c for c in schema.columns if not c.mapped.needs_objects]
+        # True: Arrow's parse is already the text table (no paths, no object columns).
+        self._direct = not self._objects and all(c.steps == (c.name,) for c in parsed)
         self.read_options = pjson.ReadOptions(
             use_threads=self.options.use_threads, block_size=_BLOCK_SIZE
         )
         self.parse_options = pjson.ParseOptions(
-            explicit_schema=self._text, unexpected_field_behavior="ignore"
+            explicit_schema=self._text if self._direct else _parse_schema(parsed),
+            unexpected_field_behavior="ignore",
         )
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
-        del values
+        if self._direct:
+            return self._read(joined)
+        columns: dict[str, pa.ChunkedArray | pa.Array] = {}
+        if len(self.parse_options.explicit_schema):
+            table = self._read(joined)
+            if table.num_rows != len(values):
+                return table  # `_parse_chunk` names the count
+            for column in self._schema.columns:
+                if not column.mapped.needs_objects:
+                    columns[column.name] = _at_path(table.column(column.steps[0]), column.steps)
+        if self._objects:
+            messages = [json.loads(value) for value in values]
+            for column in self._objects:
+                columns[column.name] = _object_column(messages, column)
+        return pa.table([columns[name] for name in self._text.names], schema=self._text)
+
+    def _read(self, joined: bytes) -> pa.Table:
         return pjson.read_json(
             pa.BufferReader(joined),
             read_options=self.read_options,
@@ -509,11 +693,152 @@ def _one_object_per_line(joined: bytes, count: int) -> bool:
     )
 
 
+@dataclass
+class _PathNode:
+    """One place in the messages that columns read: a leaf (`column`) or a container of
+    `keys` (an object) or of `item` (an array)."""
+
+    column: ColumnSpec | None = None
+    keys: dict[str, _PathNode] | None = None
+    item: _PathNode | None = None
+
+    def arrow_text(self) -> pa.DataType:
+        if self.column is not None:
+            return self.column.mapped.text
+        if self.item is not None:
+            return pa.list_(self.item.arrow_text())
+        return pa.struct([(k, n.arrow_text()) for k, n in (self.keys or {}).items()])
+
+
+def _path_tree(columns: Sequence[ColumnSpec]) -> _PathNode:
+    """The paths of `columns` merged into one tree; SchemaError if two overlap (one reads
+    inside the other's value, or both the same place)."""
+    root = _PathNode(keys={})
+    for column in columns:
+        node = root
+        for step in column.steps:
+            if node.column is not None:
+                _overlap(node.column, column)
+            if isinstance(step, int):
+                if node.keys:
+                    _overlap(_a_column(node), column)
+                node.item = node.item or _PathNode()
+                node = node.item
+            else:
+                if node.item is not None:
+                    _overlap(_a_column(node), column)
+                node.keys = {} if node.keys is None else node.keys
+                node = node.keys.setdefault(step, _PathNode())
+        if node.column is not None or node.keys or node.item is not None:
+            _overlap(_a_column(node), column)
+        node.column = column
+    return root
+
+
+def _a_column(node: _PathNode) -> ColumnSpec:
+    """A column at or below `node` (there is one: only columns make nodes)."""
+    while node.column is None:
+        node = node.item if node.item is not None else next(iter((node.keys or {}).values()))
+    return node.column
+
+
+def _overlap(first: ColumnSpec, second: ColumnSpec) -> None:
+    raise SchemaError(
+        f"columns {first.name!r} (path {_path_text(first)}) and {second.name!r} (path "
+        f"{_path_text(second)}) overlap: a column may not read the same value as another, "
+        "or a value inside another's"
+    )
+
+
+def _path_text(column: ColumnSpec) -> str:
+    return column.path or column.name
+
+
+def _check_paths(columns: Sequence[ColumnSpec]) -> None:
+    _path_tree(columns)
+
+
+def _parse_schema(columns: Sequence[ColumnSpec]) -> pa.Schema:
+    """The explicit schema Arrow's JSON reader parses `columns` (at their paths) with."""
+    tree = _path_tree(columns)
+    return pa.schema([(k, n.arrow_text()) for k, n in (tree.keys or {}).items()])
+
+
+def _at_path(column: pa.ChunkedArray, steps: tuple[str | int, ...]) -> pa.Array:
+    """The values at `steps[1:]` inside the parsed top-level field `column` (null where a
+    step is absent, null or past an array's end)."""
+    array = column.combine_chunks() if len(steps) > 1 else column
+    for step in steps[1:]:
+        if isinstance(step, str):
+            array = array.flatten()[array.type.get_field_index(step)]
+        else:
+            offsets = array.offsets.to_numpy()
+            present = np.diff(offsets) > step
+            if array.null_count:
+                present &= array.is_valid().to_numpy(zero_copy_only=False)
+            array = array.values.take(pa.array(offsets[:-1] + step, pa.int64(), mask=~present))
+    return array
+
+
+def _object_column(messages: list[object], column: ColumnSpec) -> pa.Array:
+    """`column` from messages parsed by `json`, in its text type."""
+    values = []
+    try:
+        for message in messages:
+            value = message
+            for step in column.steps:
+                if isinstance(step, str):
+                    value = value.get(step) if isinstance(value, dict) else None
+                else:
+                    value = value[step] if isinstance(value, list) and step < len(value) else None
+            values.append(_text_value(value, column.mapped))
+        return pa.array(values, column.mapped.text)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        raise _ChunkError(f"column {column.name!r}: {exc}") from None
+
+
+def _text_value(value: object, mapped: ArrowType) -> object:
+    """A JSON value as the Python value Arrow builds `mapped.text` from; ValueError names a
+    value of the wrong shape."""
+    if value is None:
+        return None
+    if mapped.shape is Shape.LIST:
+        if not isinstance(value, list):
+            raise ValueError(f"{_shown(value)} is not an array")
+        return [_text_value(v, mapped.children[0]) for v in value]
+    if mapped.shape is Shape.MAP:
+        if not isinstance(value, dict):
+            raise ValueError(f"{_shown(value)} is not an object (Map)")
+        key_type, value_type = mapped.children
+        numeric = pa.types.is_integer(key_type.text)
+        return [(int(k) if numeric else k, _text_value(v, value_type)) for k, v in value.items()]
+    if mapped.shape is Shape.STRUCT:
+        names = [f.name for f in mapped.arrow]
+        if mapped.positional:
+            if not isinstance(value, list) or len(value) != len(names):
+                raise ValueError(f"{_shown(value)} is not an array of {len(names)} (Tuple)")
+            items = value
+        elif isinstance(value, dict):
+            items = [value.get(n) for n in names]
+        else:
+            raise ValueError(f"{_shown(value)} is not an object (Tuple)")
+        return {n: _text_value(v, t) for n, v, t in zip(names, items, mapped.children, strict=True)}
+    if mapped.check is Check.JSON:
+        if not isinstance(value, dict):
+            raise ValueError(f"{_shown(value)} is not a JSON object")
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if pa.types.is_timestamp(mapped.text) and isinstance(value, str):
+        parsed = dt.datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    return value
+
+
 class RawDecoder(_ArrowDecoder):
     """The whole value as the single declared column, which must be a String type."""
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
         super().__init__(schema, options)
+        _refuse_paths(schema, "raw")
         if len(schema.columns) != 1 or not pa.types.is_string(schema.columns[0].mapped.arrow):
             raise SchemaError(
                 "format 'raw' needs exactly one declared column of type String, got "
@@ -537,8 +862,9 @@ class CsvDecoder(_ArrowDecoder):
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
         super().__init__(schema, options)
+        _refuse_paths(schema, "csv")
         for column in schema.columns:
-            if pa.types.is_list(column.mapped.arrow):
+            if column.mapped.shape is not Shape.SCALAR:
                 raise SchemaError(
                     f"column {column.name!r}: {column.clickhouse_type} cannot be read from CSV"
                 )
@@ -611,6 +937,15 @@ class CsvDecoder(_ArrowDecoder):
             parse_options=self._parse_options,
             convert_options=self._convert,
         )
+
+
+def _refuse_paths(schema: PipelineSchema, format: str) -> None:
+    for column in schema.columns:
+        if column.path:
+            raise SchemaError(
+                f"column {column.name!r}: a path ({column.path}) is only read from format "
+                f"'json', not {format!r}"
+            )
 
 
 def _csv_record_patterns(delimiter: str) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:

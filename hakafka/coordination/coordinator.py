@@ -22,6 +22,7 @@ from kazoo.exceptions import NodeExistsError
 from hakafka.coordination import failover, paths
 from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.election import Leadership, LeadershipEvent
+from hakafka.coordination.errors import NodeIdTakenError
 from hakafka.coordination.executor import SerialExecutor
 from hakafka.coordination.records import (
     FailoverRequest,
@@ -107,7 +108,12 @@ class Coordinator:
         if not self._session.connected:
             return
         if self._registered:
-            self._registry.register(self.node_id, self.endpoints)
+            try:
+                self._registry.register(self.node_id, self.endpoints)
+            except NodeIdTakenError as exc:
+                # Another daemon took this id while our session was gone: stand nowhere.
+                log.error("registry.node_id_taken", node=self.node_id, error=str(exc))
+                return
         for leadership in list(self._shards.values()):
             leadership.session_connected()
 
@@ -132,9 +138,24 @@ class Coordinator:
                 self._session.create(paths.epoch(shard), encode_epoch(0))
 
     def register(self) -> None:
-        """Publish `nodes/<node_id>` with this node's endpoints (again after a new session)."""
+        """Publish `nodes/<node_id>` with this node's endpoints (again after a new session).
+
+        First the root's ACL is checked (`ZkSession.check_root_acl`: a warning, or
+        OpenAclError under `require_acl`). NodeIdTakenError if another live session holds
+        the node id (see `Registry.register`, which may wait for a previous session's end)."""
+        self._call(self._session.check_root_acl)
+        self._call(
+            self._register, self.config.session_timeout_s + 5 * self.config.request_timeout_s
+        )
+
+    def _register(self) -> None:
+        self._registry.register(self.node_id, self.endpoints)
         self._registered = True
-        self._call(lambda: self._registry.register(self.node_id, self.endpoints))
+
+    def restrict_acl(self) -> int:
+        """Restrict the root and everything under it to the auth user (`hakafka init`);
+        returns how many znodes changed. ValueError without `auth`."""
+        return self._session.restrict_acl()
 
     def nodes(self) -> dict[str, NodeInfo]:
         """Every registered node and its endpoints."""
@@ -223,9 +244,10 @@ class Coordinator:
             self._session, self._registry, shard, to=to, by=by, timeout_s=timeout_s
         )
 
-    def _call(self, fn: Callable[[], object]) -> None:
-        """Run `fn` on the worker (so it never races the election logic) and wait for it."""
+    def _call(self, fn: Callable[[], object], timeout_s: float | None = None) -> None:
+        """Run `fn` on the worker (so it never races the election logic) and wait for it, by
+        default up to four request timeouts."""
         if self._worker.on_thread():
             fn()
             return
-        self._worker.submit(fn).result(timeout=self.config.request_timeout_s * 4)
+        self._worker.submit(fn).result(timeout=timeout_s or self.config.request_timeout_s * 4)

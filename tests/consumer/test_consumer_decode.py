@@ -255,7 +255,7 @@ def test_array_of_dates_is_cast_and_checked() -> None:
     )
     assert decoded.rows["days"].to_pylist() == [[dt.date(2024, 1, 1), dt.date(2024, 1, 2)]]
     assert dead_by_offset(decoded.dead_letters) == {
-        101: "a Date value has a time of day (list<item: date32[day]> expected)"
+        101: "column 'days'[0]: a Date value has a time of day (date32[day] expected)"
     }
 
 

@@ -47,9 +47,9 @@ def test_supported_types_map_to_arrow(ch_type: str, arrow: pa.DataType, nullable
 @pytest.mark.parametrize(
     "ch_type",
     [
-        "UUID",
-        "FixedString(4)",
-        "Map(String, Int32)",
+        "Variant(Int8, String)",
+        "Dynamic",
+        "Object('json')",
         "Nullable(Nullable(Int8))",
         "Int33",
         "DateTime64(12)",
