@@ -23,6 +23,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ ENV_KAFKA_PREFIX = "HAKAFKA_KAFKA_"  # HAKAFKA_KAFKA_SASL_PASSWORD -> sasl.passw
 META_COLUMNS = tuple(name for name, _ in META_COLUMN_TYPES)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 T = TypeVar("T")
 E = TypeVar("E", bound=StrEnum)
@@ -118,6 +120,34 @@ def _segment_problem(value: int) -> str | None:
     return None if value >= 1 << 20 else "must be at least 1048576 (1 MiB)"
 
 
+def _readable_problem(value: str) -> str | None:
+    """A file this process can read (or "" for none)."""
+    try:
+        if value:
+            Path(value).read_bytes()
+    except OSError as exc:
+        return f"cannot read {value}: {exc.strerror}"
+    return None
+
+
+def _ca_file_problem(value: str) -> str | None:
+    """A PEM file of CA certificates (or "" for the system's)."""
+    if (unreadable := _readable_problem(value)) is not None or not value:
+        return unreadable
+    try:
+        ssl.create_default_context(cafile=value)
+    except ssl.SSLError as exc:
+        return f"{value} holds no PEM CA certificate ({exc.reason})"
+    return None
+
+
+def _host_problem(value: str) -> str | None:
+    """A host name or IP address (IPv6 in brackets or not), without scheme or port."""
+    if not value or _HOST.match(value) or _ip(value) is not None:
+        return None
+    return f"must be a host name or IP address without scheme or port, got {value!r}"
+
+
 def _transform_problem(value: str) -> str | None:
     if not value or value.lstrip().lower().startswith("select") or re.match(r"^[\w.]+:\w+$", value):
         return None
@@ -156,6 +186,8 @@ class ClickHouseConfig:
     password: Secret = field(default=Secret(""), metadata={"env": ENV_CLICKHOUSE_PASSWORD})
     secure: bool = False
     verify: bool = True
+    # PEM CAs that verify ClickHouse's certificate (secure = true); "" = the system's.
+    ca_file: str = _checked("", _ca_file_problem)
     engine: Engine = Engine.MERGE_TREE
     dedup_window: int = 10_000
     insert_timeout: float = 60.0
@@ -183,6 +215,15 @@ class NodeServerConfig:
     request_timeout: float = ServerLimits.request_timeout
     max_connections: int = ServerLimits.max_connections
     max_concurrent_queries: int = ServerLimits.max_concurrent_queries
+    # The host other nodes and the ops commands reach this node's servers at; "" = the bind
+    # host (see `advertised_host`).
+    advertise: str = _checked("", _host_problem)
+    # HTTPS and grpc+tls with this certificate chain and key (both PEM, both or neither).
+    tls_cert_file: str = _checked("", _readable_problem)
+    tls_key_file: str = _checked("", _readable_problem)
+    # PEM CAs the clients (forwarding, `hakafka query` and `status`) verify nodes with; ""
+    # = the system's. Either TLS key makes them refuse a plain-text node address.
+    tls_ca_file: str = _checked("", _ca_file_problem)
 
 
 @dataclass(frozen=True)
@@ -470,7 +511,12 @@ def _clickhouse(r: _Reader, shards: tuple[int, ...]) -> ClickHouseConfig:
                     "MergeTree keeps its deduplication log per server, so a shard with several "
                     'ClickHouse servers needs engine = "ReplicatedMergeTree" (or one endpoint)',
                 )
-    return r.section(ClickHouseConfig, replicas=replicas, engine=engine)
+    ch = r.section(ClickHouseConfig, replicas=replicas, engine=engine)
+    if ch.ca_file and not (ch.secure and ch.verify):
+        r.problem(
+            "ca_file", "verifies ClickHouse's certificate: needs secure = true, verify = true"
+        )
+    return ch
 
 
 def _spark(r: _Reader) -> SparkConfig:
@@ -482,18 +528,76 @@ def _spark(r: _Reader) -> SparkConfig:
     return r.section(SparkConfig, conf=conf)
 
 
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`host` (`[::1]` brackets allowed) as an IP address, or None for a host name."""
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+
+
 def _is_loopback(host: str) -> bool:
     """Whether `host` (`[::1]` brackets allowed) is localhost or in 127.0.0.0/8 or ::1."""
-    bare = host.removeprefix("[").removesuffix("]")
-    try:
-        return bare == "localhost" or ipaddress.ip_address(bare).is_loopback
-    except ValueError:  # any other host name may resolve anywhere
-        return False
+    ip = _ip(host)
+    # Any other host name may resolve anywhere.
+    return host == "localhost" or (ip is not None and ip.is_loopback)
+
+
+def advertised_host(server: NodeServerConfig, bind: Endpoint) -> str:
+    """The host recorded in `nodes/<node>` for a server bound to `bind`: `server.advertise`,
+    else the bind host, a wildcard (0.0.0.0, ::) standing for loopback (127.0.0.1, ::1)."""
+    if server.advertise:
+        return server.advertise
+    ip = _ip(bind.host)
+    if ip is not None and ip.is_unspecified:
+        return "127.0.0.1" if ip.version == 4 else "[::1]"
+    return bind.host
+
+
+def _other_hosts(config: Config) -> list[str]:
+    """`node = endpoint` of the other nodes in [clickhouse.replicas] whose ClickHouse is not
+    on loopback: such nodes run on other hosts, so this cluster spans several."""
+    return [
+        f"{node} = {endpoint}"
+        for nodes in config.clickhouse.replicas.values()
+        for node, endpoint in sorted(nodes.items())
+        if node != config.node and not _is_loopback(endpoint.host)
+    ]
+
+
+def _check_advertise(config: Config, problems: list[str]) -> None:
+    """On a cluster spanning hosts, the advertised hosts must be reachable from the others:
+    else a follower would forward queries to "the leader" at its own loopback address."""
+    s = config.server
+    others = _other_hosts(config)
+    local = sorted({h for ep in (s.http, s.flight) if _is_loopback(h := advertised_host(s, ep))})
+    if others and local:
+        which = (
+            f"{', '.join(local)} is a loopback address"
+            if s.advertise
+            else f"unset, so this node registers {', '.join(local)} (from its binds)"
+        )
+        problems.append(
+            f"server.advertise: {which}, which other hosts cannot reach, while the cluster "
+            f"spans hosts ([clickhouse.replicas] has {others[0]}); set server.advertise to "
+            "the name or address others reach this node at"
+        )
 
 
 def _server(r: _Reader) -> NodeServerConfig:
     """`[server]`, failing closed: a bind other hosts can reach needs a token."""
     s = r.section(NodeServerConfig)
+    given = [k for k in ("cert", "key") if r.data.get(f"tls_{k}_file")]
+    if len(given) == 1:
+        missing = "key" if given == ["cert"] else "cert"
+        r.problem(
+            f"tls_{missing}_file", f"is required with server.tls_{given[0]}_file (both or neither)"
+        )
+    elif s.tls_cert_file and s.tls_key_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(s.tls_cert_file, s.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            r.problem("tls_cert_file", f"cannot load it with server.tls_key_file: {exc}")
     for name in ("http", "flight"):
         host = getattr(s, name).host
         if not s.token and not _is_loopback(host):
@@ -652,6 +756,7 @@ def parse_config(
         pipelines=tuple(pipelines),
         source=source,
     )
+    _check_advertise(config, problems)
     r.finish()
     if problems:
         raise ConfigError(source, problems)

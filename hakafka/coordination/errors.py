@@ -24,3 +24,11 @@ class FailoverRefused(CoordinationError):  # noqa: N818 (the name the daemon and
 
 class CorruptZnodeError(CoordinationError):
     """A znode holds data that is not the JSON record the layout says it holds."""
+
+
+class OpenAclError(CoordinationError):
+    """`zookeeper.require_acl` is set and the root's ACL lets anyone change it."""
+
+
+class NodeIdTakenError(CoordinationError):
+    """Another live ZooKeeper session holds `nodes/<node>`: a second daemon with this node id."""

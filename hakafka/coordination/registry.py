@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import structlog
 from kazoo.exceptions import NodeExistsError
+from kazoo.protocol.states import ZnodeStat
 
 from hakafka.coordination import paths
+from hakafka.coordination.errors import CorruptZnodeError, NodeIdTakenError
 from hakafka.coordination.records import NodeInfo, ReplacingInfo
 from hakafka.coordination.session import Watch, ZkSession
 
@@ -24,27 +28,65 @@ class Registry:
         self._session = session
 
     def register(self, node_id: str, endpoints: NodeInfo) -> None:
-        """Publish `nodes/<node_id>` as an ephemeral of this session.
+        """Publish `nodes/<node_id>` as an ephemeral of this session; calling it again in the
+        same session is a no-op.
 
-        A leftover znode of an earlier session of the same node (a restart before the old
-        session expired) is replaced; calling this again in the same session is a no-op.
+        A znode of another session is waited for, up to the session timeout plus the request
+        timeout: the session of a process restarted before ZooKeeper expired it ends within
+        that. One still there is a live daemon with the same node id, and NodeIdTakenError
+        says which (pid, host, start); it is never taken over.
         """
         path = paths.node(node_id)
+        config = self._session.config
+        expiry_s = config.session_timeout_s + config.request_timeout_s
+        deadline = time.monotonic() + expiry_s
         self._session.ensure(paths.NODES)
-        for _ in range(3):
+        waited = False
+        changed = threading.Event()
+        while True:
             try:
                 self._session.create(path, endpoints.encode(), ephemeral=True)
                 log.info("registry.registered", node=node_id)
                 return
             except NodeExistsError:
-                found = self._session.exists(path)
-                if found is None:
-                    continue
-                if found.ephemeralOwner == self._session.session_id:
-                    return
-                log.warning("registry.replaced_stale", node=node_id, owner=found.ephemeralOwner)
-                self._session.delete(path, found.version)
-        raise NodeExistsError(f"{path}: re-created by another session while registering")
+                pass
+            changed.clear()  # an earlier watch firing late only costs one more look
+            found = self._session.exists(path, lambda _event: changed.set())
+            if found is None:
+                continue
+            if found.ephemeralOwner == self._session.session_id:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NodeIdTakenError(self._held(node_id, found, expiry_s))
+            if not waited:
+                waited = True
+                log.info(
+                    "registry.waiting_for_previous_session",
+                    node=node_id,
+                    owner=f"0x{found.ephemeralOwner:x}",
+                    wait_s=round(left, 1),
+                )
+            changed.wait(left)
+
+    def _held(self, node_id: str, found: ZnodeStat, waited_s: float) -> str:
+        """Why `nodes/<node_id>` (of another session, `found`) is refused, and what to do."""
+        path = paths.node(node_id)
+        got = self._session.get(path)
+        holder = "(its record is gone or unreadable)"
+        if got is not None:
+            try:
+                info = NodeInfo.decode(path, got[0])
+                at = datetime.fromtimestamp(info.started, UTC).isoformat(timespec="seconds")
+                holder = f"registered by pid {info.pid} on host {info.host} at {at}"
+            except CorruptZnodeError:
+                pass
+        return (
+            f"node id {node_id} is held by another live session ({holder}; ZooKeeper session "
+            f"0x{found.ephemeralOwner:x}, still there after {waited_s:.0f} s). Two daemons "
+            "with one node id would stand in the same elections as one node; stop the other "
+            "daemon, or give this one its own `node` in its config"
+        )
 
     def nodes(self) -> dict[str, NodeInfo]:
         """Every registered (running) node and its endpoints."""

@@ -3,6 +3,11 @@ session timeout, digest auth and ACLs) and ZooKeeper calls that never block fore
 
 Every call waits at most `request_timeout_s` and raises `ZooKeeperUnavailableError` otherwise, or
 when the connection dropped while the call was in flight.
+
+ACLs: with auth, every znode this session creates is readable and writable by the configured
+digest user only. A root created earlier without auth keeps its open ACL (ZooKeeper never
+changes an existing znode's ACL by itself): `check_root_acl` reports it (a warning, or
+`OpenAclError` under `require_acl`) and `restrict_acl` (run by `hakafka init`) closes it.
 """
 
 from __future__ import annotations
@@ -16,19 +21,32 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
+    NoAuthError,
     NoNodeError,
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
-from hakafka.coordination.errors import ZooKeeperUnavailableError
+from hakafka.coordination.errors import (
+    CoordinationError,
+    OpenAclError,
+    ZooKeeperUnavailableError,
+)
 
 log = structlog.get_logger("hakafka.coordination")
 
 Watch = Callable[[Any], None]
+
+# What "anyone may change it" means: any permission of world:anyone beyond READ.
+_CHANGES = {
+    "write": Permissions.WRITE,
+    "create": Permissions.CREATE,
+    "delete": Permissions.DELETE,
+    "admin": Permissions.ADMIN,
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +56,8 @@ class ZkConfig:
     `hosts` is a connect string (`h1:2181,h2:2181`); `root` is the chroot every path lives
     under (created on start if missing). With `auth` (user, password) the session
     authenticates with digest auth and every znode it creates is readable and writable only
-    by that user.
+    by that user. `require_acl` makes a root that anyone may change (`world:anyone` with more
+    than read) a refusal to register instead of a warning.
     """
 
     hosts: str
@@ -47,6 +66,7 @@ class ZkConfig:
     connect_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
     auth: tuple[str, str] | None = field(default=None, repr=False)  # holds the password
+    require_acl: bool = False
 
     def __post_init__(self) -> None:
         if not self.hosts or "/" in self.hosts:
@@ -207,6 +227,68 @@ class ZkSession:
     def ensure(self, path: str) -> None:
         """Create `path` and its parents as persistent znodes if missing."""
         self._wait(self.client.ensure_path_async(path, self.config.acl()), "ensure", path)
+
+    def open_to_anyone(self) -> list[str]:
+        """What the root's ACL lets anyone (`world:anyone`) do beyond reading: a subset of
+        write, create, delete, admin; [] when only authenticated users may change it."""
+        try:
+            acls, _ = self._wait(self.client.get_acls_async("/"), "get_acls", "/")
+        except NoAuthError:
+            raise CoordinationError(
+                f"ZooKeeper {self.config.hosts}{self.config.root}: the root's ACL does not "
+                f"admit {self._who()}; set zookeeper.auth_user and the password of the user "
+                "the cluster was initialized with"
+            ) from None
+        granted = 0
+        for acl in acls:
+            if acl.id.scheme == "world" and acl.id.id == "anyone":
+                granted |= acl.perms
+        return [name for name, perm in _CHANGES.items() if granted & perm]
+
+    def check_root_acl(self) -> None:
+        """Warn (`zookeeper.acl_open`) when anyone may change the root; with `require_acl`
+        raise OpenAclError instead."""
+        open_to = self.open_to_anyone()
+        if not open_to:
+            return
+        root = self.config.root
+        fix = (
+            "set zookeeper.auth_user and auth_password_file on every node, then run "
+            "`hakafka init` (it restricts the root and every znode under it to that user)"
+        )
+        if self.config.require_acl:
+            raise OpenAclError(
+                f"zookeeper.require_acl: the ACL of {root} lets anyone (world:anyone) "
+                f"{', '.join(open_to)}: any client that reaches ZooKeeper could rewrite "
+                f"checkpoints, leaders and failover or replacement flags; {fix}"
+            )
+        log.warning("zookeeper.acl_open", root=root, open_to=open_to, fix=fix)
+
+    def restrict_acl(self) -> int:
+        """Give the root and every znode under it this session's ACL (the auth user's only);
+        returns how many were changed. ValueError without `auth`: there is no user to give
+        them to."""
+        if self.config.auth is None:
+            raise ValueError("zookeeper.auth_user is not set: no ACL to restrict the root to")
+        wanted = self.config.acl()
+        changed = 0
+        pending = ["/"]
+        while pending:
+            path = pending.pop()
+            try:
+                acls, _ = self._wait(self.client.get_acls_async(path), "get_acls", path)
+                if list(acls) != wanted:
+                    self._wait(self.client.set_acls_async(path, wanted), "set_acls", path)
+                    changed += 1
+            except NoNodeError:
+                continue  # an ephemeral that ended meanwhile
+            base = path.rstrip("/")
+            pending += [f"{base}/{child}" for child in self.children(path)]
+        log.info("zookeeper.acl_restricted", root=self.config.root, changed=changed)
+        return changed
+
+    def _who(self) -> str:
+        return "anonymous clients" if self.config.auth is None else f"user {self.config.auth[0]}"
 
     def transaction(self) -> Any:
         """A new kazoo TransactionRequest; run it with `commit`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hakafka.config import Config
+from hakafka.coordination import Coordinator
 from hakafka.ops.cluster import OpsError, connect
 from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
 from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
@@ -21,6 +22,7 @@ def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[st
     with connect(config) as coordinator:
         coordinator.init_paths(shards)
         done.append(f"zookeeper: layout for shards {list(shards)} under {config.zookeeper.root}")
+        done.append(_restrict_acl(coordinator, config))
         # Tables follow the settings: nothing is created for a config the cluster refuses.
         done += record_settings(coordinator, config, settings)
     connection = connection_of(config)
@@ -52,3 +54,18 @@ def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[st
         # One server may serve several shards: each refusal once.
         raise OpsError("tables refused:\n" + "\n".join(dict.fromkeys(refused)))
     return done
+
+
+def _restrict_acl(coordinator: Coordinator, config: Config) -> str:
+    """With ZooKeeper auth: the root and everything under it made the auth user's only (a
+    root created before auth kept its open ACL). Without: what that leaves open."""
+    z = config.zookeeper
+    if not z.auth_user:
+        return (
+            f"zookeeper: no auth_user: anyone who reaches ZooKeeper may change {z.root} "
+            "(set [zookeeper] auth_user and auth_password_file, then run init again)"
+        )
+    changed = coordinator.restrict_acl()
+    return (
+        f"zookeeper: {z.root} and every znode under it: user {z.auth_user} only ({changed} changed)"
+    )
