@@ -36,6 +36,14 @@ def load(path: Path) -> Config:
     return load_config(path, clickhouse_type_problem)
 
 
+def load_with_table_columns(path: Path) -> Config:
+    """`load`, with the columns of each `columns = "from_table"` pipeline read from its
+    ClickHouse table (ConfigError if that fails)."""
+    from hakafka.table_columns import with_table_columns
+
+    return with_table_columns(load(path))
+
+
 def _config_check(args: argparse.Namespace) -> int:
     config = load(args.file)
     print(
@@ -46,7 +54,9 @@ def _config_check(args: argparse.Namespace) -> int:
         return EXIT_OK
     from hakafka.ops.cluster import connect
     from hakafka.ops.shardwide import cluster_check
+    from hakafka.table_columns import with_table_columns
 
+    config = with_table_columns(config)
     with connect(config) as coordinator:
         lines, agreed = cluster_check(coordinator, config)
     print("\n".join(lines))
@@ -56,7 +66,7 @@ def _config_check(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hakafka import logs
 
-    config = load(args.config)
+    config = load_with_table_columns(args.config)
     sink = logs.configure(args.log_format, args.log_level, logs.LogSink(args.log_file))
     # Only `run` loads the daemon (and with it Spark).
     from hakafka.daemon import Daemon, StartupError
@@ -75,7 +85,7 @@ def _init(args: argparse.Namespace) -> int:
     how = Recording.AGREE
     if args.update or args.replace:
         how = Recording.UPDATE if args.update else Recording.REPLACE
-    for line in initialize(load(args.config), how):
+    for line in initialize(load_with_table_columns(args.config), how):
         print(line)
     return EXIT_OK
 
@@ -174,6 +184,7 @@ def _replace(args: argparse.Namespace) -> int:
 def _query(args: argparse.Namespace) -> int:
     from hakafka.ops.cluster import check_shard, connect
     from hakafka.ops.query import query_shards, render
+    from hakafka.settings import client_tls
 
     config = load(args.config)
     shards = (
@@ -186,6 +197,7 @@ def _query(args: argparse.Namespace) -> int:
             args.sql,
             shard_count=config.shard_count,
             token=config.server.token.value or None,
+            tls=client_tls(config),
             notes=sys.stderr,
         )
     sys.stdout.buffer.write(render(table, "json" if args.json else args.format))

@@ -42,6 +42,7 @@ from hakafka.consumer import (
     check_explicit_assignment,
 )
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
+from hakafka.consumer.schema import parse_path
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
 
@@ -246,8 +247,16 @@ class PipelineWalConfig:
 
 @dataclass(frozen=True)
 class ColumnConfig:
+    """One `[pipelines.columns]` entry: `name = "Type"`, or `name = { type = "Type", path =
+    "user.id" }` to read the value at a path of a JSON message."""
+
     name: str
     clickhouse_type: str
+    path: str = ""
+
+
+# `columns = "from_table"`: the columns are those of the existing table, read at start.
+COLUMNS_FROM_TABLE = "from_table"
 
 
 @dataclass(frozen=True)
@@ -256,6 +265,8 @@ class PipelineConfig:
     topic: str
     table: str
     columns: tuple[ColumnConfig, ...]
+    # columns = "from_table": `columns` is empty until `hakafka.table_columns` fills it.
+    columns_from_table: bool = False
     format: Format = Format.JSON
     order_by: str = "(_partition, _offset)"
     partition_by: str = ""
@@ -619,28 +630,53 @@ def _buffer(r: _Reader) -> PipelineBufferConfig:
     return b
 
 
-def _pipeline(
-    r: _Reader, shard_count: int, check_type: Callable[[str], str | None]
-) -> PipelineConfig:
-    d = PipelineConfig
+def _columns(r: _Reader, check_type: Callable[[str], str | None]) -> list[ColumnConfig]:
+    """`[pipelines.columns]`: `name = "Type"` or `name = { type = "Type", path = "a.b" }`."""
     columns_reader = r.table("columns", required=True)
     columns = []
-    for name, ch_type in columns_reader.data.items():
+    for name, value in columns_reader.data.items():
         columns_reader.seen.add(name)
         key = columns_reader.key(name)
+        entry = _Reader(value, key, r.problems) if isinstance(value, dict) else None
+        ch_type = value if entry is None else entry.get("type", str, "", required=True)
+        path = "" if entry is None else entry.get("path", str, "", check=_path_problem)
+        if entry is not None:
+            entry.finish()
         if not _NAME.match(name) or name.startswith("_"):
             r.problems.append(
                 f"{key}: column names must be identifiers not starting with '_' "
                 "(reserved for meta columns)"
             )
         elif not isinstance(ch_type, str):
-            r.problems.append(f'{key}: must be a ClickHouse type name like "String"')
-        elif (text := check_type(ch_type)) is not None:
+            r.problems.append(
+                f'{key}: must be a ClickHouse type name like "String", or a table like '
+                f'{{ type = "UInt64", path = "user.id" }}; or set columns = "{COLUMNS_FROM_TABLE}"'
+            )
+        elif ch_type and (text := check_type(ch_type)) is not None:
             r.problems.append(f"{key}: {text}")
-        else:
-            columns.append(ColumnConfig(name, ch_type))
+        elif ch_type:
+            columns.append(ColumnConfig(name, ch_type, path))
     if columns_reader.data == {} and "columns" in r.data:
         columns_reader.problem("", "needs at least one column")
+    return columns
+
+
+def _path_problem(path: str) -> str | None:
+    try:
+        parse_path(path)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _pipeline(
+    r: _Reader, shard_count: int, check_type: Callable[[str], str | None]
+) -> PipelineConfig:
+    d = PipelineConfig
+    from_table = r.data.get("columns") == COLUMNS_FROM_TABLE
+    columns = [] if from_table else _columns(r, check_type)
+    if from_table:
+        r.seen.add("columns")
     meta = r.get(
         "meta_columns",
         list,
@@ -680,6 +716,7 @@ def _pipeline(
         topic=r.get("topic", str, "", required=True),
         table=r.get("table", str, "", required=True, check=_name_problem),
         columns=tuple(columns),
+        columns_from_table=from_table,
         # _partition and _offset are always kept: exactly-once relies on them.
         meta_columns=tuple(dict.fromkeys([*ALWAYS_META, *meta])),
         partitions=partitions,

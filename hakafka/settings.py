@@ -15,6 +15,7 @@ from pathlib import Path
 
 from buffer import Thresholds
 from buffer.limits import ServerLimits
+from buffer.tls import ClientTls, ServerTls
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import (
     DEAD_LETTER_COLUMNS,
@@ -65,7 +66,9 @@ def spark_settings(config: Config) -> SparkSettings:
 
 def pipeline_schema(pipeline: PipelineConfig) -> PipelineSchema:
     return PipelineSchema.of(
-        [(c.name, c.clickhouse_type) for c in pipeline.columns], pipeline.meta_columns
+        [(c.name, c.clickhouse_type) for c in pipeline.columns],
+        pipeline.meta_columns,
+        {c.name: c.path for c in pipeline.columns if c.path},
     )
 
 
@@ -96,6 +99,21 @@ def server_limits(config: Config) -> ServerLimits:
     )
 
 
+def server_tls(config: Config) -> ServerTls | None:
+    """The query servers' certificate and key, or None when `[server]` serves plain text."""
+    s = config.server
+    return ServerTls(Path(s.tls_cert_file), Path(s.tls_key_file)) if s.tls_cert_file else None
+
+
+def client_tls(config: Config) -> ClientTls | None:
+    """How forwarding and the ops commands check nodes: None (any URL) unless `[server]`
+    sets a TLS key; then TLS only, verified against `tls_ca_file` or the system's CAs."""
+    s = config.server
+    if not (s.tls_cert_file or s.tls_ca_file):
+        return None
+    return ClientTls(Path(s.tls_ca_file) if s.tls_ca_file else None)
+
+
 def thresholds_of(pipeline: PipelineConfig) -> Thresholds:
     b = pipeline.buffer
     return Thresholds(
@@ -122,6 +140,7 @@ def connection_of(config: Config) -> Connection:
         password=ch.password.value,
         secure=ch.secure,
         verify=ch.verify,
+        ca_cert=ch.ca_file or None,
         connect_timeout=min(10.0, ch.insert_timeout),
     )
 

@@ -27,7 +27,13 @@ DEV = ("devstack", "tests", "bench")
 CLI, OPS, DAEMON, PIPELINE = "hakafka.cli", "hakafka.ops", "hakafka.daemon", "hakafka.pipeline"
 COORDINATION, CONSUMER = "hakafka.coordination", "hakafka.consumer"
 # The foundation: these build on types of coordination and consumer ...
-ON_BOTTOM = ("hakafka.config", "hakafka.settings", "hakafka.metrics", "hakafka.drift")
+ON_BOTTOM = (
+    "hakafka.config",
+    "hakafka.settings",
+    "hakafka.metrics",
+    "hakafka.drift",
+    "hakafka.table_columns",
+)
 # ... and these three on nothing of hakafka; the bottom layer may use them.
 BASE = ("hakafka.logs", "hakafka.faults", "hakafka.sdnotify")
 ABOVE_FOUNDATION = (PIPELINE, DAEMON, OPS, CLI)

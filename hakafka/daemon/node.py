@@ -30,12 +30,12 @@ import pyarrow as pa
 import structlog
 
 from buffer import Catalog, QueryLimits, SqlEngine
-from buffer.client import query as remote_query
 from buffer.flight import FlightQueryServer
 from buffer.http import HttpQueryServer, Route
 from hakafka import __version__
-from hakafka.config import Config
+from hakafka.config import Config, advertised_host
 from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.daemon.forwarding import Forwarder
 from hakafka.daemon.report import node_status
 from hakafka.daemon.reshard_follower import ReshardFollower
 from hakafka.daemon.settings_guard import SettingsGuard
@@ -45,7 +45,7 @@ from hakafka.faults import CrashPlan
 from hakafka.logs import LogSink
 from hakafka.metrics import Metrics
 from hakafka.sdnotify import Notifier
-from hakafka.settings import server_limits, spark_settings, zk_config
+from hakafka.settings import client_tls, server_limits, server_tls, spark_settings, zk_config
 from spark_bridge import SparkRuntime
 
 log = structlog.get_logger("hakafka.daemon")
@@ -85,6 +85,20 @@ def use_jemalloc() -> None:
         log.warning("arrow.no_jemalloc", pool=pa.default_memory_pool().backend_name)
 
 
+def node_info(config: Config, http_port: int, flight_port: int) -> NodeInfo:
+    """What `nodes/<node>` records for servers on these ports: their URLs at the advertised
+    host (`config.advertised_host`), https and grpc+tls when `[server]` has TLS."""
+    s = config.server
+    secure = server_tls(config) is not None
+    return NodeInfo(
+        host=socket.gethostname(),
+        http=f"{'https' if secure else 'http'}://{advertised_host(s, s.http)}:{http_port}",
+        flight=f"{'grpc+tls' if secure else 'grpc'}://{advertised_host(s, s.flight)}:{flight_port}",
+        pid=os.getpid(),
+        version=__version__,
+    )
+
+
 class Daemon:
     """One node of a hakafka cluster."""
 
@@ -104,6 +118,7 @@ class Daemon:
         token = config.server.token.value or None
         flight_ep, http_ep = config.server.flight, config.server.http
         limits = server_limits(config)
+        tls = server_tls(config)
         with _listening("server.flight", str(flight_ep)):
             self.flight = FlightQueryServer(
                 self.engine,
@@ -112,6 +127,7 @@ class Daemon:
                 token,
                 forward=self._forward,
                 limits=limits,
+                tls=tls,
             )
         with _listening("server.http", str(http_ep)):
             self.http = HttpQueryServer(
@@ -127,18 +143,17 @@ class Daemon:
                 },
                 forward=self._forward,
                 limits=limits,
+                tls=tls,
             )
-        host = socket.gethostname()
         self.coordinator = Coordinator(
-            zk_config(config),
-            config.node,
-            NodeInfo(
-                host=host,
-                http=f"http://{config.server.http.host}:{self.http.port}",
-                flight=f"grpc://{config.server.flight.host}:{self.flight.port}",
-                pid=os.getpid(),
-                version=__version__,
-            ),
+            zk_config(config), config.node, node_info(config, self.http.port, self.flight.port)
+        )
+        self.forwarder = Forwarder(
+            self.coordinator,
+            config.shards,
+            lambda: [r.shard for r in self.runners if r.leading],
+            token,
+            client_tls(config),
         )
         pipelines = PipelineFactory(
             config,
@@ -191,8 +206,8 @@ class Daemon:
             "daemon.started",
             node=self.config.node,
             shards=list(self.config.shards),
-            http=f"http://{self.config.server.http.host}:{self.http.port}",
-            flight=f"grpc://{self.config.server.flight.host}:{self.flight.port}",
+            http=self.coordinator.endpoints.http,
+            flight=self.coordinator.endpoints.flight,
         )
         self.notifier.ready(self._status_line())
         self._main_loop()
@@ -329,20 +344,5 @@ class Daemon:
         return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
 
     def _forward(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
-        """Queries for a shard this node does not lead go to that shard's leader."""
-        wanted = params.get("shard")
-        shard = int(wanted) if wanted is not None and wanted.isdigit() else None
-        mine = [r.shard for r in self.runners if r.leading]
-        if shard is None:
-            if mine or not self.runners:
-                return None
-            shard = self.runners[0].shard
-        if shard in mine:
-            return None
-        leader = self.coordinator.leader_of(shard)
-        if leader is None:
-            raise RuntimeError(f"shard {shard} has no leader right now")
-        node = self.coordinator.nodes().get(leader.node)
-        if node is None or leader.node == self.config.node:
-            raise RuntimeError(f"the leader of shard {shard} ({leader.node}) is not registered")
-        return remote_query(node.flight, sql, token=self.config.server.token.value or None)
+        """The query servers' `forward` (built before the forwarder, which needs their ports)."""
+        return self.forwarder(sql, params)

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from buffer.auth import bearer_header
+from buffer.client import open_url
+from buffer.tls import ClientTls
 from hakafka import __version__
 from hakafka.config import Config
 from hakafka.coordination import Coordinator, LeaderInfo, NodeInfo
@@ -78,13 +80,16 @@ def wait_consuming_leader(
         time.sleep(0.1)
 
 
-def fetch_json(base_url: str, path: str, token: str | None, timeout_s: float = 5.0) -> Any:
-    """GET `path` from a node's admin endpoint as JSON; OpsError naming the URL on failure."""
+def fetch_json(
+    base_url: str, path: str, token: str | None, tls: ClientTls | None, timeout_s: float = 5.0
+) -> Any:
+    """GET `path` from a node's admin endpoint as JSON (`buffer.client.open_url`: TLS per
+    `tls`, no redirect followed); OpsError naming the URL on failure."""
     request = urllib.request.Request(base_url.rstrip("/") + path)
     if token:
         request.add_header("Authorization", bearer_header(token))
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with open_url(request, tls, timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         raise OpsError(f"{request.full_url}: HTTP {exc.code} {exc.reason}") from None

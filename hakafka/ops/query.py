@@ -10,7 +10,9 @@ from typing import TextIO
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from buffer.client import PlainTextRefusedError
 from buffer.client import query as remote_query
+from buffer.tls import ClientTls
 from hakafka.coordination import Coordinator
 from hakafka.ops.cluster import OpsError, format_table
 
@@ -35,12 +37,14 @@ def query_shards(
     *,
     shard_count: int,
     token: str | None,
+    tls: ClientTls | None,
     notes: TextIO,
 ) -> pa.Table:
     """`sql` run once on each node leading one of `shards`, results concatenated in shard
     order (an aggregate yields one row per leader node). A node leading several shards keeps
     their buffers as `<pipeline>` and `<pipeline>_shard<N>` (see `hakafka status`): said on
-    `notes`."""
+    `notes`. Nodes are asked at their registered Flight URL, verified per `tls` (with it, a
+    plain-text URL is an OpsError)."""
     by_node = leaders(coordinator, shards)
     registered = coordinator.nodes()
     tables = []
@@ -55,7 +59,10 @@ def query_shards(
                 "shard (QUERY TABLE in `hakafka status`)",
                 file=notes,
             )
-        tables.append(remote_query(endpoints.flight, sql, token))
+        try:
+            tables.append(remote_query(endpoints.flight, sql, token, tls=tls))
+        except PlainTextRefusedError as exc:
+            raise OpsError(f"shard {led[0]}: its leader {node}: {exc}") from None
     return pa.concat_tables(tables, promote_options="default")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from hakafka.config import Config
 from hakafka.coordination import Coordinator
 from hakafka.ops.cluster import OpsError, clock, fetch_json, format_table
+from hakafka.settings import client_tls
 
 
 def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
@@ -16,13 +17,14 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
     endpoints, replacing) and `healthy`: every shard has a consuming leader whose pipelines
     all consume."""
     token = config.server.token.value or None
+    tls = client_tls(config)
     registered = coordinator.nodes()
     replacing = coordinator.replacing()
     views: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
     for name, endpoints in registered.items():
         try:
-            views[name] = fetch_json(endpoints.http, "/status", token)
+            views[name] = fetch_json(endpoints.http, "/status", token, tls)
         except OpsError as exc:
             errors[name] = str(exc)
 

@@ -55,7 +55,11 @@ class PlannedBlock:
 
 def block_settings(config: PipelineConfig) -> Settings:
     """The pipeline settings that decide which rows and dead letters an offset becomes."""
-    columns = ", ".join(f"{c.name} {c.clickhouse_type}" for c in config.columns)
+    # A path decides a column's value too; columns without one read as before paths existed.
+    columns = ", ".join(
+        f"{c.name} {c.clickhouse_type}" + (f" at {c.path}" if c.path else "")
+        for c in config.columns
+    )
     return (
         ("columns", columns),
         ("format", str(config.format)),

@@ -408,7 +408,7 @@ def test_config_check_command_names_every_bad_key_and_passes_a_good_file(tmp_pat
         .replace('fsync = "always"', 'fsync = "sometimes"')
         .replace("session_timeout = 4", 'session_timeout = "4s"')
         .replace("max_rows = 100", "max_rows = 5")
-        .replace('name = "String"', 'name = "Map(String, String)"')
+        .replace('name = "String"', 'name = "Variant(String, UInt8)"')
     )
     failed = config_check(bad)
     assert failed.returncode == 1 and failed.stdout == "", failed
@@ -425,8 +425,8 @@ def test_config_check_command_names_every_bad_key_and_passes_a_good_file(tmp_pat
         assert line in lines, (line, lines)
     # The ClickHouse type check is the command's own (load_config alone accepts any type).
     (column,) = [line for line in lines if line.startswith("  - pipelines[0].columns.name: ")]
-    assert column.startswith("  - pipelines[0].columns.name: ClickHouse type 'Map(String, ")
-    assert "'Map(String, String)' is not supported" in column and "supported: Int8" in column
+    assert column.startswith("  - pipelines[0].columns.name: ClickHouse type 'Variant(String, ")
+    assert "'Variant(String, UInt8)' is not supported" in column and "supported: Int8" in column
     assert len(lines) == 1 + len(expected) + 1, lines
 
     missing = config_check(tmp_path / "missing.toml")

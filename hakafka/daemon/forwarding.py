@@ -1,0 +1,88 @@
+"""Where a query for a shard this node does not lead goes: to that shard's leader, once.
+
+A forwarded query names the node that forwarded it (`buffer.client.FORWARDED_BY`, a Flight
+call header). The node receiving one never forwards it again: it answers when it leads the
+shard, else refuses naming the shard and both nodes. A leader whose registered Flight
+address is this node's own (two hosts both advertising loopback) is refused too, so a query
+never loops back into the node that sent it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pyarrow as pa
+
+from buffer.client import FORWARDED_BY
+from buffer.client import query as remote_query
+from buffer.tls import ClientTls
+from hakafka.coordination import LeaderInfo, NodeInfo
+
+FORWARD_TIMEOUT_S = 60.0
+
+
+class ForwardingError(RuntimeError):
+    """The query cannot be forwarded; the text names the shard, the nodes and why."""
+
+
+class Directory(Protocol):
+    """What forwarding reads from ZooKeeper (a `Coordinator`)."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def endpoints(self) -> NodeInfo: ...
+
+    def leader_of(self, shard: int) -> LeaderInfo | None: ...
+
+    def nodes(self) -> dict[str, NodeInfo]: ...
+
+
+@dataclass(frozen=True)
+class Forwarder:
+    """A `buffer.sql.Forward`: None (answer here) when this node leads the query's shard
+    (the `shard` parameter, else any shard this node leads, else the first it serves), the
+    leader's answer otherwise; ForwardingError when that cannot be asked."""
+
+    directory: Directory
+    shards: tuple[int, ...]
+    leading: Callable[[], list[int]]
+    token: str | None = field(repr=False)
+    tls: ClientTls | None
+    timeout_s: float = FORWARD_TIMEOUT_S
+
+    def __call__(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
+        wanted = params.get("shard")
+        shard = int(wanted) if wanted is not None and wanted.isdigit() else None
+        mine = self.leading()
+        if shard is None:
+            if mine or not self.shards:
+                return None
+            shard = self.shards[0]
+        if shard in mine:
+            return None
+        me = self.directory.node_id
+        if (sender := params.get(FORWARDED_BY)) is not None:
+            raise ForwardingError(
+                f"shard {shard}: forwarded by {sender} to {me}, which does not lead it; "
+                "a forwarded query is not forwarded again"
+            )
+        leader = self.directory.leader_of(shard)
+        if leader is None:
+            raise ForwardingError(f"shard {shard} has no leader right now")
+        if leader.node == me:
+            raise ForwardingError(f"shard {shard}: {me} won its election but leads it not yet")
+        endpoints = self.directory.nodes().get(leader.node)
+        if endpoints is None:
+            raise ForwardingError(f"shard {shard}: its leader {leader.node} is not registered")
+        if endpoints.flight == self.directory.endpoints.flight:
+            raise ForwardingError(
+                f"shard {shard}: its leader {leader.node} registered {endpoints.flight}, the "
+                f"address of {me} itself; set server.advertise on both nodes"
+            )
+        return remote_query(
+            endpoints.flight, sql, self.token, self.timeout_s, tls=self.tls, forwarded_by=me
+        )

@@ -1,0 +1,172 @@
+"""Forwarding a query to the shard's leader goes one hop at most, never back into the sender,
+and over TLS when the nodes serve it.
+
+Real Flight query servers on loopback, each forwarding through the daemon's `Forwarder`; what
+ZooKeeper would say (leaders, registered nodes) is an in-memory directory per node, so that
+two nodes can disagree about a leader as they do for a moment after an election.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from buffer import Catalog, MemoryTable, OffsetRange, QueryLimits, SqlEngine
+from buffer.client import QueryFailedError, query
+from buffer.flight import FlightQueryServer
+from buffer.tls import ClientTls, ServerTls
+from devstack.tls import CertificateFiles, make_certificates
+from hakafka.coordination import LeaderInfo, NodeInfo
+from hakafka.daemon.forwarding import Forwarder
+
+TOKEN = "fwd-token"
+WAIT_S = 10.0
+SQL = "SELECT who FROM events"
+
+
+@dataclass
+class Directory:
+    """One node's view of ZooKeeper: `leaders` its own, `registered` shared by all."""
+
+    node_id: str
+    registered: dict[str, NodeInfo]
+    leaders: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def endpoints(self) -> NodeInfo:
+        return self.registered[self.node_id]
+
+    def leader_of(self, shard: int) -> LeaderInfo | None:
+        node = self.leaders.get(shard)
+        return None if node is None else LeaderInfo(node=node, epoch=1, since=0.0)
+
+    def nodes(self) -> dict[str, NodeInfo]:
+        return dict(self.registered)
+
+
+@dataclass
+class Node:
+    """A query server answering `who = <name>` from its buffer, forwarding like a daemon."""
+
+    name: str
+    server: FlightQueryServer
+    directory: Directory
+    leading: list[int]
+    forwarded: list[Mapping[str, str]]  # every call of its forward, with its parameters
+
+
+class Cluster:
+    def __init__(self, tls: ServerTls | None, client: ClientTls | None) -> None:
+        self.tls, self.client = tls, client
+        self.registered: dict[str, NodeInfo] = {}
+        self.nodes: dict[str, Node] = {}
+        self._engines: list[SqlEngine] = []
+
+    def add(self, name: str, leading: list[int], advertise: str | None = None) -> Node:
+        table = MemoryTable("events", pa.schema([("who", pa.string())]), limit_bytes=1 << 20)
+        table.append(pa.record_batch({"who": [name]}), {("t", 0): OffsetRange(0, 0)})
+        catalog = Catalog()
+        catalog.add(table)
+        engine = SqlEngine(catalog, QueryLimits(timeout_s=WAIT_S))
+        self._engines.append(engine)
+        directory = Directory(name, self.registered)
+        forwarded: list[Mapping[str, str]] = []
+        forwarder = Forwarder(
+            directory, (0,), lambda: leading, TOKEN, self.client, timeout_s=WAIT_S
+        )
+
+        def forward(sql: str, params: Mapping[str, str]) -> pa.Table | None:
+            forwarded.append(dict(params))
+            return forwarder(sql, params)
+
+        server = FlightQueryServer(engine, token=TOKEN, forward=forward, tls=self.tls)
+        self.registered[name] = NodeInfo(
+            host="h", http="", flight=advertise or server.location, pid=1, version="t"
+        )
+        node = Node(name, server, directory, leading, forwarded)
+        self.nodes[name] = node
+        return node
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.server.shutdown()
+        for engine in self._engines:
+            engine.close()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CertificateFiles:
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(None, None)
+    yield c
+    c.close()
+
+
+def ask(node: Node, client: ClientTls | None = None) -> list[str]:
+    table = query(node.server.location, SQL, TOKEN, WAIT_S, tls=client)
+    return [str(v) for v in table.column("who").to_pylist()]
+
+
+def test_a_follower_forwards_once_to_the_leader(cluster: Cluster) -> None:
+    a, b = cluster.add("a", leading=[]), cluster.add("b", leading=[0])
+    a.directory.leaders[0] = b.directory.leaders[0] = "b"
+    assert ask(a) == ["b"]
+    assert a.forwarded == [{}]
+    assert b.forwarded == [{"forwarded_by": "a"}]  # b leads: it answers, no second hop
+
+
+def test_a_forwarded_query_stops_at_a_node_that_does_not_lead_the_shard(
+    cluster: Cluster,
+) -> None:
+    # a still sees b as the leader; b already sees c: b refuses rather than forward again.
+    a, b, c = (cluster.add(n, leading=[]) for n in ("a", "b", "c"))
+    c.leading.append(0)
+    a.directory.leaders[0] = "b"
+    b.directory.leaders[0] = c.directory.leaders[0] = "c"
+    with pytest.raises(QueryFailedError) as failed:
+        ask(a)
+    assert "shard 0: forwarded by a to b, which does not lead it" in str(failed.value)
+    assert (len(a.forwarded), len(b.forwarded), c.forwarded) == (1, 1, [])
+
+
+def test_forwarding_to_its_own_address_is_refused(cluster: Cluster) -> None:
+    # Two hosts whose nodes both advertise 127.0.0.1:<same port>: a's "leader" b is a itself.
+    a = cluster.add("a", leading=[])
+    cluster.add("b", leading=[0], advertise=a.server.location)
+    a.directory.leaders[0] = "b"
+    with pytest.raises(QueryFailedError) as failed:
+        ask(a)
+    assert (
+        f"shard 0: its leader b registered {a.server.location}, the address of a itself; "
+        "set server.advertise on both nodes"
+    ) in str(failed.value)
+    assert a.forwarded == [{}]
+
+
+def test_forwarding_over_tls_verifies_the_leader_and_refuses_plain_text(
+    certs: CertificateFiles,
+) -> None:
+    trusted = ClientTls(Path(certs.ca_file))
+    c = Cluster(ServerTls(certs.cert_file, certs.key_file), trusted)
+    try:
+        a, b = c.add("a", leading=[]), c.add("b", leading=[0])
+        a.directory.leaders[0] = "b"
+        assert b.server.location.startswith("grpc+tls://")
+        assert ask(a, trusted) == ["b"]
+        # A registration downgraded to plain text does not get the token.
+        c.registered["b"] = NodeInfo(
+            host="h", http="", flight=b.server.location.replace("+tls", ""), pid=1, version="t"
+        )
+        with pytest.raises(QueryFailedError, match="is not TLS, and this client requires TLS"):
+            ask(a, trusted)
+        assert len(b.forwarded) == 1
+    finally:
+        c.close()
