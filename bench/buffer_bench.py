@@ -129,7 +129,7 @@ def main() -> None:
         table.append(batch, ranges)
     catalog = Catalog()
     catalog.add(table)
-    engine = SqlEngine(catalog, QueryLimits(timeout_s=60, threads=THREADS, memory_limit="2GB"))
+    engine = SqlEngine(catalog, QueryLimits(timeout_s=60, threads=THREADS, memory_bytes=2 << 30))
     floor_db = duckdb.connect(":memory:", config={"threads": THREADS})
     floor_db.register("events", table.snapshot().to_table())
     flight = FlightQueryServer(engine)

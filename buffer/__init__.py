@@ -1,11 +1,11 @@
 """The Arrow memory buffer: per-pipeline memory tables, flush thresholds, snapshots, sandboxed
 SQL over snapshots and the Flight / HTTP query services. Standalone: never imports hakafka."""
 
+from buffer.limits import QueryLimits
 from buffer.snapshot import Snapshot
 from buffer.sql import (
     Catalog,
     QueryError,
-    QueryLimits,
     QueryRefusedError,
     QueryTimeoutError,
     SqlEngine,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 
-import pyarrow as pa
 import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
@@ -41,34 +40,38 @@ class _ForwardedByFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
         return _ForwardedBy(str(values[0])) if values else None
 
 
-def _raise_flight_error(exc: QueryError) -> None:
+def _flight_error(exc: QueryError) -> fl.FlightError:
+    """``exc`` as a Flight-kind error: pyarrow attaches the server's traceback (its frames and
+    file paths) to any other exception it sends, ``ArrowInvalid`` included."""
     if isinstance(exc, QueryRefusedError):
-        raise fl.FlightUnauthorizedError(str(exc)) from exc
+        return fl.FlightUnauthorizedError(str(exc))
     if isinstance(exc, QueryTimeoutError):
-        raise fl.FlightTimedOutError(str(exc)) from exc
-    # Flight has no error class for INVALID_ARGUMENT; pyarrow sends ArrowInvalid as that
-    # status. It also sends the traceback as detail: "from None" keeps DuckDB's frames out.
-    raise pa.ArrowInvalid(str(exc)) from None
+        return fl.FlightTimedOutError(str(exc))
+    # Flight has no INVALID_ARGUMENT kind: the error's kind goes in the extra info instead.
+    return fl.FlightServerError(str(exc), exc.kind.encode())
 
 
 class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     """Serves ``engine`` on grpc://host:port, or grpc+tls://host:port with ``tls``; port 0
     picks a free port (see ``port``).
 
-    ``do_get``: the ticket is UTF-8 SQL; the result streams as Arrow. Errors: bad SQL and
-    row limit -> invalid argument (the client raises ``pyarrow.ArrowInvalid`` with the
-    engine's message first), refused -> unauthorized, timeout -> timed out; a wrong or
-    missing token when ``token`` is set -> unauthenticated. ``forward`` may answer a query
-    elsewhere first (a ticket is only SQL: its one parameter is ``FORWARDED_BY``, the node
-    named by a call's ``FORWARDED_BY_HEADER``); if it fails, the client gets an unavailable
-    error naming why. A ticket that is not UTF-8 gets a server error saying
-    so; over ``limits.max_concurrent_queries`` running queries, an unavailable error at once.
-    Errors of the Flight kinds carry no server traceback (pyarrow attaches one to any other
-    exception, ``ArrowInvalid`` included, so bad SQL's answer names this module's frames).
-    It serves from construction until ``shutdown()``. Do not call ``serve()`` in a process
-    that handles signals: it only waits, and while it waits Arrow's own SIGINT/SIGTERM
-    handler replaces the process's; with a second Flight server in the process (a flush
-    handoff) that handler ends up acting for neither, and SIGTERM is lost.
+    ``do_get``: the ticket is UTF-8 SQL; the result, held to the engine's limits (rows,
+    bytes, memory, timeout) before it is sent, streams as Arrow. Errors: refused ->
+    unauthorized, timeout -> timed out, any other query error (bad SQL, a row, byte or memory
+    limit) -> a server error (``fl.FlightServerError``) with the engine's message first and
+    the error's kind (``query_error``, ``row_limit``, ``result_too_large``,
+    ``memory_limit``) as its extra info; a wrong or missing token when ``token`` is set ->
+    unauthenticated. ``forward`` may answer a query elsewhere first (a ticket is only SQL:
+    its one parameter is ``FORWARDED_BY``, the node named by a call's
+    ``FORWARDED_BY_HEADER``); if it fails, the client gets an unavailable error naming why.
+    A ticket that is not UTF-8 gets a server error saying so; over
+    ``limits.max_concurrent_queries`` running queries, an unavailable error at once. Every
+    error sent is of a Flight kind, so none carries the server's traceback (nor does the
+    unknown table of ``get_flight_info``). It serves from construction until ``shutdown()``.
+    Do not call ``serve()`` in a process that handles signals: it only waits, and while it
+    waits Arrow's own SIGINT/SIGTERM handler replaces the process's; with a second Flight
+    server in the process (a flush handoff) that handler ends up acting for neither, and
+    SIGTERM is lost.
     """
 
     def __init__(
@@ -123,7 +126,7 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         try:
             table = self.engine.query(sql)
         except QueryError as exc:
-            _raise_flight_error(exc)
+            raise _flight_error(exc) from None
         return fl.RecordBatchStream(table)
 
     def _info(self, snap: Snapshot) -> fl.FlightInfo:
@@ -146,4 +149,4 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         for snap in self.engine.catalog.snapshots():
             if descriptor.path == [snap.name.encode()]:
                 return self._info(snap)
-        raise KeyError(f"no table {descriptor.path!r}")
+        raise fl.FlightServerError(f"no table {descriptor.path!r}", b"not_found")

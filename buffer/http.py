@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from buffer.auth import HTTP_CHALLENGES, http_token_ok
 from buffer.formats import Format, choose_format, encode
 from buffer.limits import ServerLimits
-from buffer.sql import Forward, QueryError, SqlEngine
+from buffer.sql import Forward, QueryError, QueryResult, SqlEngine
 from buffer.tls import ServerTls
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -146,16 +146,22 @@ class _Handler(BaseHTTPRequestHandler):
             queries.release()
 
     def _run(self, params: dict[str, str], fmt: Format) -> None:
+        engine = self.server.engine
         try:
             forwarded = self.server.forward(params["sql"], params) if self.server.forward else None
-            table = forwarded if forwarded is not None else self.server.engine.query(params["sql"])
-        except QueryError as exc:
-            self._error(exc.http_status, exc.kind, str(exc))
-            return
         except Exception as exc:  # a forward that failed (the leader is unreachable)
             self._error(502, "forward_failed", f"{type(exc).__name__}: {exc}")
             return
-        self._send(200, fmt, encode(table, fmt))
+        try:
+            if forwarded is not None:
+                chunks = encode(QueryResult.of_table(forwarded, engine.limits), fmt)
+            else:
+                with engine.stream(params["sql"]) as result:
+                    chunks = encode(result, fmt)
+        except QueryError as exc:
+            self._error(exc.http_status, exc.kind, str(exc))
+            return
+        self._send_chunks(200, fmt.value, chunks)
 
     def _error(self, status: int, kind: str, message: str) -> None:
         body = json.dumps({"error": kind, "message": message}).encode()
@@ -165,9 +171,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_raw(status, fmt.value, body)
 
     def _send_raw(self, status: int, content_type: str, body: bytes) -> None:
+        self._send_chunks(status, content_type, [body])
+
+    def _send_chunks(self, status: int, content_type: str, chunks: list[bytes]) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(sum(len(c) for c in chunks)))
         if status == 401:
             for challenge in HTTP_CHALLENGES:
                 self.send_header("WWW-Authenticate", challenge)
@@ -176,7 +185,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        for chunk in chunks:
+            self.wfile.write(chunk)
 
 
 class _Server(ThreadingHTTPServer):

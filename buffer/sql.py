@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
 
+from buffer.limits import QueryLimits
 from buffer.snapshot import Snapshot
 from buffer.table import MemoryTable
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LEADING_KEYWORD = re.compile(r"\s*(?:FORCE\s+)?([A-Za-z]+)\b", re.IGNORECASE)
+# Rows per Arrow batch: one DuckDB vector, so bytes are counted as each vector comes out.
+_BATCH_ROWS = 2048
 
 # Applied when the database is opened, then locked: a query cannot change them back.
 _SANDBOX = {
@@ -66,6 +71,20 @@ class RowLimitError(QueryError):
     """The result has more rows than the engine's row limit; nothing is returned."""
 
     kind = "row_limit"
+    http_status = 400
+
+
+class ResultTooLargeError(QueryError):
+    """The result, as Arrow or encoded, passed ``max_result_bytes``; nothing is returned."""
+
+    kind = "result_too_large"
+    http_status = 413
+
+
+class QueryMemoryError(QueryError):
+    """The query needed more than the engine's memory (and spill space, if any)."""
+
+    kind = "memory_limit"
     http_status = 400
 
 
@@ -121,14 +140,71 @@ class Catalog:
         return [t.snapshot() for t in tables]
 
 
-@dataclass(frozen=True)
-class QueryLimits:
-    """Per-query bounds: wall-clock timeout, result rows and DuckDB memory for the engine."""
+class QueryResult:
+    """One query's answer as it streams out, held to the engine's limits until it is sent.
 
-    timeout_s: float = 10.0
-    max_rows: int = 1_000_000
-    memory_limit: str = "1GB"
-    threads: int = 2
+    Iterating yields the record batches; before handing one out it counts its rows against
+    ``max_rows`` and its Arrow bytes against ``max_result_bytes``, and checks the deadline.
+    Whoever encodes the answer reports each encoded chunk to ``encoded``, counted against
+    ``max_result_bytes`` and the same deadline, so the timeout covers encoding too. A limit
+    passed raises its QueryError at once: what was produced so far is dropped.
+    """
+
+    def __init__(
+        self,
+        schema: pa.Schema,
+        batches: Iterable[pa.RecordBatch],
+        limits: QueryLimits,
+        deadline: float,
+    ) -> None:
+        self.schema = schema
+        self.limits = limits
+        self._batches = batches
+        self._deadline = deadline
+        self._rows = 0
+        self._produced = 0
+        self._encoded = 0
+
+    @classmethod
+    def of_table(cls, table: pa.Table, limits: QueryLimits) -> QueryResult:
+        """An answer already in memory (e.g. forwarded), its deadline ``limits.timeout_s``
+        from now."""
+        return cls(table.schema, table.to_batches(), limits, time.monotonic() + limits.timeout_s)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        batches = iter(self._batches)
+        while True:
+            with _engine_errors(self.limits, self._deadline):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            self._rows += batch.num_rows
+            if self._rows > self.limits.max_rows:
+                raise RowLimitError(
+                    f"result has more than {self.limits.max_rows} rows (the row limit); "
+                    "add a LIMIT or aggregate"
+                )
+            self._produced += batch.nbytes
+            self._check(self._produced, "as Arrow batches")
+            yield batch
+
+    def encoded(self, nbytes: int) -> None:
+        """Count ``nbytes`` more of the encoded answer; raise past a limit or the deadline."""
+        self._encoded += nbytes
+        self._check(self._encoded, "encoded")
+
+    def read_all(self) -> pa.Table:
+        """The whole result as one table."""
+        return pa.Table.from_batches(list(self), schema=self.schema)
+
+    def _check(self, nbytes: int, counted: str) -> None:
+        if nbytes > self.limits.max_result_bytes:
+            raise ResultTooLargeError(
+                f"result is over max_result_bytes ({self.limits.max_result_bytes} bytes, "
+                f"counted {counted}); add a LIMIT, select fewer columns or aggregate"
+            )
+        if time.monotonic() >= self._deadline:
+            raise _timeout(self.limits)
 
 
 class SqlEngine:
@@ -136,17 +212,24 @@ class SqlEngine:
 
     Thread-safe: every query gets its own DuckDB connection (a cursor on one locked-down
     in-memory database) with the catalog's snapshots registered as Arrow tables, zero-copy.
+    DuckDB runs with ``limits.threads`` threads and ``limits.memory_bytes`` of memory; it
+    spills to ``limits.spill_dir``, up to ``limits.max_spill_bytes``, only when that is set
+    (never to its default ``.tmp`` in the working directory).
     """
 
     def __init__(self, catalog: Catalog, limits: QueryLimits | None = None) -> None:
         self.catalog = catalog
         self.limits = limits or QueryLimits()
+        spill = self.limits.max_spill_bytes > 0
         config: dict[str, str | bool | int | float | list[str]] = {
             **_SANDBOX,
-            "memory_limit": self.limits.memory_limit,
+            "memory_limit": f"{self.limits.memory_bytes}B",
             "threads": self.limits.threads,
+            "temp_directory": self.limits.spill_dir if spill else "",
             "lock_configuration": True,
         }
+        if spill:
+            config["max_temp_directory_size"] = f"{self.limits.max_spill_bytes}B"
         self._db = duckdb.connect(":memory:", config=config)
 
     def close(self) -> None:
@@ -154,58 +237,81 @@ class SqlEngine:
         self._db.close()
 
     def query(self, sql: str) -> pa.Table:
-        """The result of the single SELECT statement ``sql``.
+        """The whole result of the single SELECT statement ``sql`` (see ``stream``)."""
+        with self.stream(sql) as result:
+            return result.read_all()
+
+    @contextmanager
+    def stream(self, sql: str) -> Iterator[QueryResult]:
+        """The result of the single SELECT statement ``sql``, streamed while in the block.
 
         Raises QueryRefusedError for anything but one SELECT and for sandbox violations
-        (files, URLs, extensions, settings), QueryTimeoutError past ``limits.timeout_s``,
-        RowLimitError when the result exceeds ``limits.max_rows`` (an error, never a
-        silent truncation), QueryError with DuckDB's message for anything else.
+        (files, URLs, extensions, settings), QueryTimeoutError past ``limits.timeout_s``
+        (the clock runs until the block ends), RowLimitError past ``limits.max_rows`` and
+        ResultTooLargeError past ``limits.max_result_bytes`` (errors, never a silent
+        truncation), QueryMemoryError past the engine's memory (and spill space), and
+        QueryError with DuckDB's message for anything else: at the start or while the
+        result is read and encoded.
         """
         check_read_only(sql)
-        return self._execute(sql)
+        with self._stream(sql) as result:
+            yield result
 
     def _execute(self, sql: str) -> pa.Table:
         """``query`` without the statement guard: only DuckDB's locked settings stand.
 
         Tests call it to prove that second layer holds on its own.
         """
+        with self._stream(sql) as result:
+            return result.read_all()
+
+    @contextmanager
+    def _stream(self, sql: str) -> Iterator[QueryResult]:
+        deadline = time.monotonic() + self.limits.timeout_s
         cursor = self._db.cursor()
-        timed_out = threading.Event()
-
-        def interrupt() -> None:
-            timed_out.set()
-            cursor.interrupt()
-
-        timer = threading.Timer(self.limits.timeout_s, interrupt)
+        # Stops DuckDB's work; a result being encoded stops at its next deadline check.
+        timer = threading.Timer(self.limits.timeout_s, cursor.interrupt)
         try:
-            for snap in self.catalog.snapshots():
-                cursor.register(snap.name, snap.to_table())
-            timer.start()
-            reader = cursor.sql(sql).to_arrow_reader(batch_size=65_536)
+            with _engine_errors(self.limits, deadline):
+                for snap in self.catalog.snapshots():
+                    cursor.register(snap.name, snap.to_table())
+                timer.start()
+                reader = cursor.sql(sql).to_arrow_reader(batch_size=_BATCH_ROWS)
             assert reader is not None  # a SELECT always has a result
-            batches: list[pa.RecordBatch] = []
-            rows = 0
-            for batch in reader:
-                rows += batch.num_rows
-                if rows > self.limits.max_rows:
-                    raise RowLimitError(
-                        f"result has more than {self.limits.max_rows} rows (the row limit); "
-                        "add a LIMIT or aggregate"
-                    )
-                batches.append(batch)
-            return pa.Table.from_batches(batches, schema=reader.schema)
-        except (duckdb.Error, pa.ArrowException, OSError) as exc:
-            # Errors met while streaming the result surface as Arrow/OS errors, not duckdb's.
-            if timed_out.is_set():
-                raise QueryTimeoutError(
-                    f"query interrupted after the {self.limits.timeout_s} s timeout"
-                ) from exc
-            if isinstance(exc, duckdb.PermissionException):
-                raise QueryRefusedError(f"refused by the sandbox: {exc}") from exc
-            raise QueryError(str(exc)) from exc
+            yield QueryResult(reader.schema, reader, self.limits, deadline)
         finally:
             timer.cancel()
             cursor.close()
+
+
+def _timeout(limits: QueryLimits) -> QueryTimeoutError:
+    return QueryTimeoutError(f"query interrupted after the {limits.timeout_s} s timeout")
+
+
+@contextmanager
+def _engine_errors(limits: QueryLimits, deadline: float) -> Iterator[None]:
+    """DuckDB's errors as QueryErrors. Errors met while streaming the result surface as
+    Arrow/OS errors, not duckdb's, so those are read by their text."""
+    try:
+        yield
+    except (duckdb.Error, pa.ArrowException, OSError) as exc:
+        if time.monotonic() >= deadline:
+            raise _timeout(limits) from exc
+        if isinstance(exc, duckdb.PermissionException):
+            raise QueryRefusedError(f"refused by the sandbox: {exc}") from exc
+        text = str(exc)
+        if isinstance(exc, duckdb.OutOfMemoryException) or text.startswith("Out of Memory"):
+            spill = (
+                f"max_spill_bytes ({limits.max_spill_bytes} bytes) of spill space"
+                if limits.max_spill_bytes
+                else "no spilling to disk"
+            )
+            # DuckDB's first line says what ran out; its advice (SET ...) does not apply here.
+            raise QueryMemoryError(
+                f"query needs more than the engine's memory_bytes ({limits.memory_bytes} "
+                f"bytes) with {spill}: {text.splitlines()[0]}"
+            ) from exc
+        raise QueryError(text) from exc
 
 
 def check_read_only(sql: str) -> None:

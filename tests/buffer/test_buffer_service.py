@@ -102,15 +102,22 @@ def engine_message(engine: SqlEngine, sql: str) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("sql", ["SELEC 1", "SELECT nope FROM events", "SELECT * FROM events"])
-def test_flight_bad_sql_and_row_limit_are_invalid_argument(
-    flight_server: FlightQueryServer, sql: str
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("SELEC 1", b"query_error"),
+        ("SELECT nope FROM events", b"query_error"),
+        ("SELECT * FROM events", b"row_limit"),
+    ],
+)
+def test_flight_bad_sql_and_row_limit_are_server_errors_of_their_kind(
+    flight_server: FlightQueryServer, sql: str, kind: bytes
 ) -> None:
     expected = engine_message(flight_server.engine, sql)
-    with fl.connect(flight_server.location) as client, pytest.raises(pa.ArrowInvalid) as err:
+    with fl.connect(flight_server.location) as client, pytest.raises(fl.FlightServerError) as err:
         client.do_get(fl.Ticket(sql.encode()), options=auth_options()).read_all()
-    assert not isinstance(err.value, fl.FlightError)
-    assert str(err.value).startswith(expected + ". Detail: ")
+    assert err.value.extra_info == kind
+    assert str(err.value).startswith(expected + ". Detail: Failed. ")
     with pytest.raises(QueryFailedError) as failed:
         query(flight_server.location, sql, token=TOKEN)
     assert str(failed.value) == expected

@@ -214,7 +214,7 @@ def test_bad_sql_gives_the_engine_message(engine: SqlEngine) -> None:
 
 
 def test_query_limits_apply(schema: pa.Schema) -> None:
-    engine = SqlEngine(Catalog(), QueryLimits(memory_limit="100MB", threads=1))
+    engine = SqlEngine(Catalog(), QueryLimits(memory_bytes=100 << 20, threads=1))
     try:
         got = engine.query(
             "SELECT name, value FROM duckdb_settings() WHERE name IN ('threads', 'memory_limit') "
@@ -223,4 +223,4 @@ def test_query_limits_apply(schema: pa.Schema) -> None:
     finally:
         engine.close()
     assert got[1] == {"name": "threads", "value": "1"}
-    assert got[0]["name"] == "memory_limit" and got[0]["value"].startswith("95.3 MiB")
+    assert got[0]["name"] == "memory_limit" and got[0]["value"].startswith("100.0 MiB")
