@@ -52,6 +52,7 @@ DEFAULT_PATH = Path("/etc/hakafka/hakafka.toml")
 ENV_ZK_PASSWORD = "HAKAFKA_ZK_PASSWORD"
 ENV_CLICKHOUSE_PASSWORD = "HAKAFKA_CLICKHOUSE_PASSWORD"
 ENV_SERVER_TOKEN = "HAKAFKA_SERVER_TOKEN"
+ENV_SCHEMA_REGISTRY_PASSWORD = "HAKAFKA_SCHEMA_REGISTRY_PASSWORD"
 ENV_KAFKA_PREFIX = "HAKAFKA_KAFKA_"  # HAKAFKA_KAFKA_SASL_PASSWORD -> sasl.password
 
 META_COLUMNS = tuple(name for name, _ in META_COLUMN_TYPES)
@@ -246,6 +247,19 @@ class PipelineWalConfig:
 
 
 @dataclass(frozen=True)
+class SchemaRegistryConfig:
+    """`[schema_registry]`: where `avro` (without `schema_file`) and `protobuf` pipelines
+    find their writer schemas. `url` may list several, comma-separated."""
+
+    url: str = ""
+    user: str = ""
+    password: Secret = field(default=Secret(""), metadata={"env": ENV_SCHEMA_REGISTRY_PASSWORD})
+    # PEM CAs that verify an https registry's certificate; "" = the system's.
+    ca_file: str = _checked("", _ca_file_problem)
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True)
 class ColumnConfig:
     """One `[pipelines.columns]` entry: `name = "Type"`, or `name = { type = "Type", path =
     "user.id" }` to read the value at a path of a JSON message."""
@@ -268,6 +282,8 @@ class PipelineConfig:
     # columns = "from_table": `columns` is empty until `hakafka.table_columns` fills it.
     columns_from_table: bool = False
     format: Format = Format.JSON
+    # format = "avro" only: plain Avro records of this writer schema (.avsc), no registry.
+    schema_file: str = _checked("", _readable_problem)
     order_by: str = "(_partition, _offset)"
     partition_by: str = ""
     ttl: str = ""
@@ -297,6 +313,7 @@ class Config:
     spark: SparkConfig
     server: NodeServerConfig
     pipelines: tuple[PipelineConfig, ...]
+    schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
     source: str = ""
 
     def pipeline(self, name: str) -> PipelineConfig:
@@ -725,6 +742,25 @@ def _pipeline(
     )
 
 
+def _schema_registry(r: _Reader, pipelines: list[PipelineConfig]) -> SchemaRegistryConfig:
+    """`[schema_registry]`, required by the pipelines whose writer schemas come from it."""
+    s = r.section(SchemaRegistryConfig)
+    for url in filter(None, s.url.split(",")):
+        if not url.strip().startswith(("http://", "https://")):
+            r.problem("url", f"must be http(s)://host:port[/path], got {url.strip()!r}")
+    if bool(s.user) != bool(s.password):
+        r.problem("user" if s.password else "password", "basic auth needs both user and password")
+    # A schema_file already refused (unreadable) must not read as "no schema_file" here.
+    refused = {problem.split(": ", 1)[0] for problem in r.problems}
+    for i, p in enumerate(pipelines):
+        schema_file = p.schema_file or f"pipelines[{i}].schema_file" in refused
+        if p.schema_file and p.format is not Format.AVRO:
+            r.problems.append(f'pipelines[{i}].schema_file: only format = "avro" reads one')
+        elif not s.url and p.format in (Format.AVRO, Format.PROTOBUF) and not schema_file:
+            r.problem("url", f"is required: pipeline {p.name!r} reads {p.format} from a registry")
+    return s
+
+
 def _accept_any_type(_: str) -> str | None:
     return None
 
@@ -791,6 +827,7 @@ def parse_config(
         spark=_spark(r.table("spark")),
         server=_server(r.table("server")),
         pipelines=tuple(pipelines),
+        schema_registry=_schema_registry(r.table("schema_registry"), pipelines),
         source=source,
     )
     _check_advertise(config, problems)

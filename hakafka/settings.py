@@ -25,6 +25,7 @@ from hakafka.consumer import (
     ShardAssignment,
     make_decoder,
 )
+from hakafka.consumer.registry import RegistrySettings
 from hakafka.coordination import ZkConfig
 from spark_bridge.connection import Connection
 from spark_bridge.replicas import Replica
@@ -80,9 +81,25 @@ def decode_options(pipeline: PipelineConfig) -> DecodeOptions:
     )
 
 
-def decoder_of(pipeline: PipelineConfig, schema: PipelineSchema) -> Decoder:
-    """A fresh decoder of `pipeline` (one per leadership term)."""
-    return make_decoder(pipeline.format, schema, decode_options(pipeline))
+def registry_of(config: Config) -> RegistrySettings | None:
+    """The `[schema_registry]` the pipelines' writer schemas come from (None: not set)."""
+    r = config.schema_registry
+    if not r.url:
+        return None
+    return RegistrySettings(r.url, r.user, r.password.value, r.ca_file, r.timeout)
+
+
+def decoder_of(
+    pipeline: PipelineConfig, schema: PipelineSchema, registry: RegistrySettings | None = None
+) -> Decoder:
+    """A fresh decoder of `pipeline` (one per leadership term; its schema cache with it)."""
+    return make_decoder(
+        pipeline.format,
+        schema,
+        decode_options(pipeline),
+        registry=None if pipeline.schema_file else registry,
+        schema_file=Path(pipeline.schema_file) if pipeline.schema_file else None,
+    )
 
 
 # -- buffer and WAL ------------------------------------------------------------------------

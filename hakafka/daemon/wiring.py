@@ -24,6 +24,7 @@ from hakafka.pipeline.sink import PipelineSink
 from hakafka.settings import (
     decoder_of,
     pipeline_schema,
+    registry_of,
     shard_assignment,
     shard_replicas,
     wal_dir,
@@ -72,7 +73,7 @@ class PipelineFactory:
                 PipelineLeader(
                     config=p.config,
                     shard=shard,
-                    decoder=decoder_of(p.config, p.schema),
+                    decoder=decoder_of(p.config, p.schema, registry_of(self.config)),
                     parts=self._parts(p, shard, fenced),
                     assignment=shard_assignment(self.config, p.config, shard),
                     rows_per_task=self.config.spark.rows_per_task,

@@ -343,13 +343,13 @@ def test_every_choice_names_the_enum_values(tmp_path: Path) -> None:
         .replace(
             'bootstrap = "127.0.0.1:9092"', 'bootstrap = "127.0.0.1:9092"\nout_of_range = "latest"'
         )
-        .replace('on_error = "dead_letter"', 'on_error = "dead_letter"\nformat = "avro"')
+        .replace('on_error = "dead_letter"', 'on_error = "dead_letter"\nformat = "parquet"')
     )
     problems = problems_of(tmp_path, text)
     for line in (
         "clickhouse.engine: must be one of MergeTree, ReplicatedMergeTree; got 'Log'",
         "kafka.out_of_range: must be one of fail, earliest; got 'latest'",
-        "pipelines[0].format: must be one of json, raw, csv; got 'avro'",
+        "pipelines[0].format: must be one of json, raw, csv, avro, protobuf; got 'parquet'",
     ):
         assert line in problems, (line, problems)
 
