@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
-from hakafka.coordination import Coordinator
+from hakafka.coordination import CoordinationError, Coordinator
 from hakafka.daemon.shard import ShardRunner
 from hakafka.pipeline import PipelineLeader
 
@@ -18,6 +19,8 @@ from hakafka.pipeline import PipelineLeader
 def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
     s = p.status
     stats = p.buffer.rows.stats()
+    flushes = list(s.flushes)
+    last = flushes[-1] if flushes else None
     return {
         "name": p.config.name,
         # What SQL calls this buffer: `<pipeline>`, or `<pipeline>_shard<N>` on a node that
@@ -31,18 +34,32 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "stalled_s": round(p.stalled_for(time.monotonic()), 1),
         "buffer_rows": p.buffer.rows.row_count,
         "buffer_bytes": p.buffer.nbytes,
+        "buffer_limit_bytes": p.buffer.limit_bytes,
         "open_rows": stats.rows,
         "positions": p.positions(),
         "lag": p.lag(),
         "checkpoint": s.checkpoint,
         "pending_block": s.pending_block,
         "reflushing": s.reflushing,
-        "last_flush_at": s.last_flush_at,
-        "last_flush_rows": s.last_flush_rows,
-        "last_flush_seconds": s.last_flush_seconds,
+        "last_flush_at": last.at if last else None,
+        "last_flush_rows": last.rows if last else 0,
+        "last_flush_seconds": last.seconds if last else 0.0,
+        "recent_flushes": [asdict(f) for f in flushes],  # oldest first
         "replayed_rows": s.replayed_rows,
         "refetched_rows": s.refetched_rows,
     }
+
+
+def _leader(coordinator: Coordinator, shard: int) -> dict[str, Any] | None:
+    """The shard's leader as ZooKeeper names it (whichever node that is), or None while there
+    is none or ZooKeeper cannot be asked."""
+    if not coordinator.connected:
+        return None
+    try:
+        info = coordinator.leader_of(shard)
+    except CoordinationError:
+        return None
+    return None if info is None else {"node": info.node, "epoch": info.epoch, "status": info.status}
 
 
 def node_status(
@@ -65,7 +82,9 @@ def node_status(
                 "state": leadership.state.value if leadership is not None else "starting",
                 "epoch": leadership.epoch if leadership is not None else None,
                 "leading_since": runner.leading_since,
+                "leader": _leader(coordinator, runner.shard),
                 "pipelines": [pipeline_status(p) for p in runner.pipelines],
+                "paused": sorted(runner.paused),
             }
         )
     return {

@@ -29,7 +29,7 @@ from hakafka.pipeline.blockplan import (
 from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import PipelineParts, Wal
-from hakafka.pipeline.state import PipelineState, PipelineStopped
+from hakafka.pipeline.state import Flush, PipelineState, PipelineStopped
 from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
 FLUSH_CHECK_S = 0.05
@@ -201,9 +201,7 @@ class FlushLane:
             took = time.monotonic() - began
             status = lane.status
             status.pending_block = None
-            status.last_flush_at = time.time()
-            status.last_flush_rows = block.row_count
-            status.last_flush_seconds = took
+            status.flushes.append(Flush(block.block_id, block.row_count, took, time.time()))
             status.checkpoint = dict(self.checkpoint)
             lane.meters.flushed(flushed.rows, took)
             lane.meters.buffer(lane.buffer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -33,15 +34,26 @@ class PipelineStopped(Exception):  # noqa: N818 - a control-flow signal, not an 
     """The pipeline was asked to stop while waiting."""
 
 
+RECENT_FLUSHES = 10  # the committed blocks status keeps, newest last
+
+
+@dataclass(frozen=True)
+class Flush:
+    """One committed block: its id, rows, the seconds its flush took, when it committed."""
+
+    block_id: str
+    rows: int
+    seconds: float
+    at: float
+
+
 @dataclass
 class PipelineStatus:
     """What `status` shows of a running pipeline."""
 
     state: PipelineState = PipelineState.STARTING
     error: str | None = None
-    last_flush_at: float | None = None
-    last_flush_rows: int = 0
-    last_flush_seconds: float = 0.0
+    flushes: deque[Flush] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
     pending_block: str | None = None
     reflushing: bool = False  # the block in flight is one a former leader left pending
     flush_error: str | None = None  # while flushes (or table creation) fail in a row
