@@ -10,6 +10,7 @@ the data (chdb keeps it in the data path). The front's limits are listed in
 from __future__ import annotations
 
 import contextlib
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -29,27 +30,37 @@ from devstack.process import (
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
+    from devstack.tls import CertificateFiles
+
 SERVER_MODULE = "devstack.clickhouse_http"
 
 
 class ClickHouseService:
-    """One ClickHouse HTTP front process; `root` holds the chdb data path and the log."""
+    """One ClickHouse HTTP front process; `root` holds the chdb data path and the log. With
+    `tls` it serves HTTPS only, with that certificate and key, and trusts its CA."""
 
     def __init__(
-        self, root: Path, *, port: int | None = None, user: str = "default", password: str = ""
+        self,
+        root: Path,
+        *,
+        port: int | None = None,
+        user: str = "default",
+        password: str = "",
+        tls: CertificateFiles | None = None,
     ) -> None:
         self.root = Path(root)
         self.host = LOOPBACK
         self.port = port if port is not None else free_port()
         self.user = user
         self._password = password
+        self.tls = tls
         self.data_path = self.root / "data"
         self.log_path = self.root / "clickhouse_http.log"
         self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -62,6 +73,11 @@ class ClickHouseService:
         self._check_port()
         self.root.mkdir(parents=True, exist_ok=True)
         data_arg = f"--data={self.data_path.resolve()}"
+        tls_args = (
+            []
+            if self.tls is None
+            else [f"--tls-cert={self.tls.cert_file}", f"--tls-key={self.tls.key_file}"]
+        )
         process = ManagedProcess(
             name=f"ClickHouse front (port {self.port})",
             argv=[
@@ -72,6 +88,7 @@ class ClickHouseService:
                 f"--port={self.port}",
                 data_arg,
                 f"--user={self.user}",
+                *tls_args,
             ],
             log_path=self.log_path,
             marker=data_arg,
@@ -104,7 +121,11 @@ class ClickHouseService:
     def healthy(self) -> bool:
         """True if the front answers ``GET /ping`` with ``Ok.``."""
         try:
-            with urllib.request.urlopen(f"{self.url}/ping", timeout=2.0) as response:
+            tls = self.tls
+            context = None if tls is None else ssl.create_default_context(cafile=tls.ca_file)
+            with urllib.request.urlopen(
+                f"{self.url}/ping", timeout=2.0, context=context
+            ) as response:
                 return bool(response.status == 200 and response.read() == b"Ok.\n")
         except OSError:
             return False
@@ -120,5 +141,7 @@ class ClickHouseService:
             "password": self._password,
             "interface": "http",
         }
+        if self.tls is not None:
+            options.update(interface="https", secure=True, ca_cert=str(self.tls.ca_file))
         options.update(kwargs)
         return clickhouse_connect.get_client(**options)

@@ -1,7 +1,8 @@
 """The ClickHouse HTTP interface served by chdb (the ClickHouse 26 engine), as its own process.
 
-Run as ``python -m devstack.clickhouse_http --port P --data DIR [--user U]`` (the
-password comes from the environment variable named by ``PASSWORD_ENV``, never from argv).
+Run as ``python -m devstack.clickhouse_http --port P --data DIR [--user U]
+[--tls-cert PEM --tls-key PEM]`` (the password comes from the environment variable named by
+``PASSWORD_ENV``, never from argv; with a certificate and key it serves HTTPS only).
 The server promises what clickhouse-connect's HTTP client relies on:
 
 - ``GET /`` and ``GET /ping`` answer ``Ok.\\n``; queries go to ``/`` as GET or POST.
@@ -69,6 +70,7 @@ import logging
 import os
 import re
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -77,11 +79,14 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import chdb
 import structlog
+
+from buffer.tls import ServerTls
 
 PASSWORD_ENV = "HAKAFKA_CLICKHOUSE_PASSWORD"
 DEFAULT_MAX_BODY = 2 << 30
@@ -658,6 +663,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http.message", message=format % args)
 
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            # On the connection's thread (under `timeout`), not the accepting one.
+            self.connection.do_handshake()
+
     def do_GET(self) -> None:
         self._handle()
 
@@ -854,6 +865,7 @@ class ServerConfig:
     user: str = "default"
     password: str = ""
     max_body_bytes: int = DEFAULT_MAX_BODY
+    tls: ServerTls | None = None
 
 
 def serve(config: ServerConfig) -> int:
@@ -865,6 +877,10 @@ def serve(config: ServerConfig) -> int:
         return 2
     try:
         server = _Server((config.host, config.port), engine, config)
+        if config.tls is not None:
+            server.socket = config.tls.context().wrap_socket(
+                server.socket, server_side=True, do_handshake_on_connect=False
+            )
     except OSError as exc:
         engine.close()
         print(
@@ -885,6 +901,7 @@ def serve(config: ServerConfig) -> int:
         host=config.host,
         port=config.port,
         data_path=config.data_path,
+        tls=config.tls is not None,
         engine=engine.version,
         pid=os.getpid(),
     )
@@ -905,8 +922,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="chdb data path")
     parser.add_argument("--user", default="default")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY)
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve HTTPS")
+    parser.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     args = parser.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -925,6 +946,7 @@ def main(argv: list[str] | None = None) -> int:
         user=args.user,
         password=os.environ.get(PASSWORD_ENV, ""),
         max_body_bytes=args.max_body_bytes,
+        tls=None if args.tls_cert is None else ServerTls(args.tls_cert, args.tls_key),
     )
     return serve(config)
 
