@@ -31,7 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from buffer.limits import ServerLimits
+from buffer.limits import QueryLimits, ServerLimits
 from hakafka.consumer import (
     ALWAYS_META,
     MANAGED_SETTINGS,
@@ -116,6 +116,10 @@ def _name_problem(value: str) -> str | None:
         if _NAME.match(value)
         else f"must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*), got {value!r}"
     )
+
+
+def _not_negative_problem(value: int) -> str | None:
+    return None if value >= 0 else f"must be >= 0, got {value}"
 
 
 def _segment_problem(value: int) -> str | None:
@@ -217,6 +221,14 @@ class NodeServerConfig:
     request_timeout: float = ServerLimits.request_timeout
     max_connections: int = ServerLimits.max_connections
     max_concurrent_queries: int = ServerLimits.max_concurrent_queries
+    # Bounds per query of the SQL engine behind both servers: the library's defaults.
+    query_timeout: float = QueryLimits.timeout_s
+    max_result_rows: int = QueryLimits.max_rows
+    max_result_bytes: int = QueryLimits.max_result_bytes
+    query_memory_bytes: int = QueryLimits.memory_bytes
+    query_threads: int = QueryLimits.threads
+    # Disk for sorts and joins that outgrow memory, in <data_dir>/query-spill; 0 = none.
+    max_spill_bytes: int = _checked(QueryLimits.max_spill_bytes, _not_negative_problem)
     # The host other nodes and the ops commands reach this node's servers at; "" = the bind
     # host (see `advertised_host`).
     advertise: str = _checked("", _host_problem)

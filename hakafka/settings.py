@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from buffer import Thresholds
-from buffer.limits import ServerLimits
+from buffer.limits import QueryLimits, ServerLimits
 from buffer.tls import ClientTls, ServerTls
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import (
@@ -113,6 +113,21 @@ def server_limits(config: Config) -> ServerLimits:
         request_timeout=s.request_timeout,
         max_connections=s.max_connections,
         max_concurrent_queries=s.max_concurrent_queries,
+    )
+
+
+def query_limits(config: Config) -> QueryLimits:
+    """The `[server]` bounds on each query of the SQL engine; spilling (when
+    `max_spill_bytes` > 0) goes to `<data_dir>/query-spill`, never the working directory."""
+    s = config.server
+    return QueryLimits(
+        timeout_s=s.query_timeout,
+        max_rows=s.max_result_rows,
+        max_result_bytes=s.max_result_bytes,
+        memory_bytes=s.query_memory_bytes,
+        threads=s.query_threads,
+        max_spill_bytes=s.max_spill_bytes,
+        spill_dir=str(config.data_dir / "query-spill") if s.max_spill_bytes else "",
     )
 
 

@@ -29,7 +29,7 @@ from types import FrameType
 import pyarrow as pa
 import structlog
 
-from buffer import Catalog, QueryLimits, SqlEngine
+from buffer import Catalog, SqlEngine
 from buffer.flight import FlightQueryServer
 from buffer.http import HttpQueryServer, Route
 from hakafka import __version__
@@ -45,7 +45,14 @@ from hakafka.faults import CrashPlan
 from hakafka.logs import LogSink
 from hakafka.metrics import Metrics
 from hakafka.sdnotify import Notifier
-from hakafka.settings import client_tls, server_limits, server_tls, spark_settings, zk_config
+from hakafka.settings import (
+    client_tls,
+    query_limits,
+    server_limits,
+    server_tls,
+    spark_settings,
+    zk_config,
+)
 from spark_bridge import SparkRuntime
 
 log = structlog.get_logger("hakafka.daemon")
@@ -107,7 +114,7 @@ class Daemon:
         self.logs = logs
         self.metrics = Metrics.create()
         self.catalog = Catalog()
-        self.engine = SqlEngine(self.catalog, QueryLimits())
+        self.engine = SqlEngine(self.catalog, query_limits(config))
         self.spark = SparkRuntime(spark_settings(config))
         self.notifier = Notifier.from_environment()
         self.crash = CrashPlan.from_environment()
