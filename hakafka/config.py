@@ -202,11 +202,12 @@ class ClickHouseConfig:
 @dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[2]"
-    remote: str = ""
+    # A Spark Connect URL may carry `;token=`, and conf values may be secrets: not in repr.
+    remote: str = field(default="", repr=False)
     driver_memory: str = "2g"
     on_followers: bool = False
     rows_per_task: int = 500_000
-    conf: Mapping[str, str] = field(default_factory=dict)
+    conf: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,28 @@
-"""The long-lived SparkSession of one daemon: started once, reused by every flush, stopped."""
+"""The long-lived SparkSession of one daemon: started once, reused by every flush, stopped.
+
+Secrets stay out of `ps`, logs and errors. PySpark starts its driver JVM as `spark-submit`
+with every builder setting as a `--conf key=value` argument, readable by any local user in
+the process list; so the settings (with `[spark.conf]`) go to spark-submit in a properties
+file instead, mode 0600 in a private temporary directory that is deleted once the JVM is up.
+A Spark Connect URL (`;token=...`) is logged and quoted in errors only through `redact`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import sys
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
+from spark_bridge.redact import redact
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,19 +38,29 @@ SESSION_SQL_CONF: Mapping[str, str] = {
 }
 
 
+class SparkStartError(RuntimeError):
+    """The SparkSession could not be started; the text names where, secrets redacted."""
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     """Where and how Spark runs. `remote` (a Spark Connect URL) wins over `master`.
 
-    `conf` is passed through last, so it overrides every default chosen here.
+    `conf` is passed through last, so it overrides every default chosen here. `remote` and
+    `conf` may hold secrets: they are left out of the repr.
     """
 
     master: str = "local[2]"
-    remote: str | None = None
+    remote: str | None = field(default=None, repr=False)
     app_name: str = "hakafka"
     driver_memory: str = "2g"
-    conf: Mapping[str, str] = field(default_factory=dict)
+    conf: Mapping[str, str] = field(default_factory=dict, repr=False)
     ui_enabled: bool = False
+
+    @property
+    def where(self) -> str:
+        """The master, or the Spark Connect URL with its secrets redacted: for logs."""
+        return self.master if self.remote is None else redact(self.remote)
 
     def spark_conf(self) -> dict[str, str]:
         """The full Spark configuration the session is built with."""
@@ -89,28 +112,44 @@ class SparkRuntime:
         with self._lock:
             if self._session is not None:
                 return self._session
-            from pyspark.sql import SparkSession
-
-            builder: Any = SparkSession.builder.appName(self.settings.app_name)
-            if self.settings.remote is not None:
-                builder = builder.remote(self.settings.remote)
-            else:
-                builder = builder.master(self.settings.master)
-                # PySpark picks the executors' Python from the environment, not from conf.
-                os.environ.setdefault(
-                    "PYSPARK_PYTHON", self.settings.spark_conf()["spark.pyspark.python"]
-                )
-            for key, value in self.settings.spark_conf().items():
-                builder = builder.config(key, value)
-            session: SparkSession = builder.getOrCreate()
+            session = self._connect() if self.settings.remote else self._launch()
             prepare_session(session)
             self._session = session
-            log.info(
-                "spark.started",
-                master=self.settings.remote or self.settings.master,
-                version=session.version,
-            )
+            log.info("spark.started", master=self.settings.where, version=session.version)
             return session
+
+    def _connect(self) -> SparkSession:
+        """A Spark Connect session; its settings travel inside the session, never in argv."""
+        from pyspark.sql import SparkSession
+
+        builder: Any = SparkSession.builder.appName(self.settings.app_name)
+        builder = builder.remote(self.settings.remote)
+        for key, value in self.settings.spark_conf().items():
+            builder = builder.config(key, value)
+        try:
+            session: SparkSession = builder.getOrCreate()
+        except Exception as exc:
+            # PySpark quotes the URL (with its token) in its errors.
+            raise SparkStartError(
+                f"cannot start a Spark Connect session at {self.settings.where}: {redact(str(exc))}"
+            ) from None
+        return session
+
+    def _launch(self) -> SparkSession:
+        """A classic session whose driver JVM gets its settings from a private properties
+        file (`--properties-file`), not from `--conf` arguments in its command line."""
+        from pyspark.sql import SparkSession
+
+        conf = self.settings.spark_conf()
+        # PySpark picks the executors' Python from the environment, not from conf.
+        os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
+        builder: Any = SparkSession.builder.appName(self.settings.app_name)
+        builder = builder.master(self.settings.master)
+        with tempfile.TemporaryDirectory(prefix="hakafka-spark-") as private:  # mode 0700
+            properties = write_properties(Path(private) / "spark.properties", conf)
+            with _submit_args("--properties-file", str(properties), "--load-spark-defaults"):
+                session: SparkSession = builder.getOrCreate()
+        return session
 
     def stop(self) -> None:
         """Stop the session (no-op if not started)."""
@@ -126,3 +165,39 @@ class SparkRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def write_properties(path: Path, conf: Mapping[str, str]) -> Path:
+    """Write `conf` to a new file `path` (mode 0600) in Java properties syntax, as UTF-8
+    (how spark-submit reads it); returns `path`. Spark trims each value's outer spaces."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        for key, value in conf.items():
+            out.write(f"{_escape(key)}={_escape(value)}\n")
+    return path
+
+
+# Characters with a meaning in a properties file, written escaped.
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\f": "\\f"} | {
+    c: f"\\{c}" for c in " =:#!"
+}
+
+
+def _escape(text: str) -> str:
+    return "".join(_ESCAPES.get(c, c) for c in text)
+
+
+@contextlib.contextmanager
+def _submit_args(*args: str) -> Iterator[None]:
+    """PYSPARK_SUBMIT_ARGS (what PySpark passes to spark-submit) with `args` in front while
+    the block runs; restored after."""
+    name = "PYSPARK_SUBMIT_ARGS"
+    before = os.environ.get(name)
+    os.environ[name] = " ".join([*map(shlex.quote, args), before or "pyspark-shell"])
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
