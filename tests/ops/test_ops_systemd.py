@@ -3,14 +3,17 @@ rate OK (below 3.0) in `systemd-analyze security --offline=yes`."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from hakafka.config import ENV_ZK_PASSWORD
 from hakafka.daemon import SHUTDOWN_BOUND_S
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
@@ -75,11 +78,24 @@ def test_unit_security_exposure_is_ok(unit: str) -> None:
 
 
 def test_example_config_is_valid() -> None:
+    # Its ZooKeeper password is a systemd credential, present only under the unit: the
+    # variable, which wins over the file, stands in for it.
     done = subprocess.run(
         [sys.executable, "-m", "hakafka.cli", "config", "check", str(UNITS / "hakafka.toml")],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env={**os.environ, ENV_ZK_PASSWORD: "example"},
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_example_config_authenticates_to_zookeeper_with_a_credential() -> None:
+    text = (UNITS / "hakafka.toml").read_text()
+    zookeeper = tomllib.loads(text)["zookeeper"]
+    assert zookeeper["auth_user"] and zookeeper["require_acl"] is True
+    credential = Path(zookeeper["auth_password_file"])
+    assert credential.parent == Path("/run/credentials/hakafka.service")
+    unit = (UNITS / "hakafka.service").read_text()
+    assert f"\nLoadCredential={credential.name}:/etc/hakafka/" in unit
