@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import signal
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -131,7 +132,8 @@ def render_config(
 
 
 class DaemonNode:
-    """One `hakafka run` process of the local cluster; `token` is its admin bearer token."""
+    """One `hakafka run` process of the local cluster; `token` is its admin bearer token;
+    with `ca_file` its servers speak TLS and are verified against that CA."""
 
     def __init__(
         self,
@@ -142,9 +144,11 @@ class DaemonNode:
         flight_port: int,
         *,
         token: str = "",
+        ca_file: str = "",
     ) -> None:
         self.name = name
         self.token = token
+        self.ca_file = ca_file
         self.root = root
         self.http_port = http_port
         self.flight_port = flight_port
@@ -156,7 +160,7 @@ class DaemonNode:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.http_port}"
+        return f"{'https' if self.ca_file else 'http'}://{LOOPBACK}:{self.http_port}"
 
     @property
     def pid(self) -> int | None:
@@ -207,8 +211,9 @@ class DaemonNode:
         bearer = self.token if token is None else token
         headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         request = urllib.request.Request(f"{self.url}{path}", headers=headers)
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as resp:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), bytes(exc.read())
@@ -281,8 +286,11 @@ class LocalCluster:
         self._ports = {node: (free_port(), free_port()) for node in nodes}
         texts = self.layout_configs(nodes, shard_count)
         token = str((server or {}).get("token", ""))
+        ca_file = str((server or {}).get("tls_ca_file", ""))
         self.nodes: dict[str, DaemonNode] = {
-            node: DaemonNode(node, root, texts[node], *self._ports[node], token=token)
+            node: DaemonNode(
+                node, root, texts[node], *self._ports[node], token=token, ca_file=ca_file
+            )
             for node in nodes
         }
 
