@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install java systemd-analyze demo test check lint typecheck pytest bench chaos clean
+.PHONY: install java systemd-analyze chromium demo test check lint typecheck pytest bench chaos clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[dev,local]'
 	@touch $@
 
-install: $(STAMP) java systemd-analyze
+install: $(STAMP) java systemd-analyze chromium
 
 # ZooKeeper and Spark need a Java 17 runtime; install it only when there is no java at all.
 java:
@@ -31,6 +31,12 @@ systemd-analyze:
 	@command -v systemd-analyze >/dev/null || { \
 	  echo "systemd-analyze not found: installing systemd"; \
 	  apt-get update -qq && apt-get install -y -qq systemd; }
+
+# tests/ops/test_ops_status_page.py opens the status page in Debian's headless chromium.
+chromium:
+	@command -v chromium >/dev/null || { \
+	  echo "chromium not found: installing chromium"; \
+	  apt-get update -qq && apt-get install -y -qq chromium; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -46,5 +46,6 @@ def test_wheel_holds_the_daemon_and_no_dev_tooling(tmp_path: Path) -> None:
         "spark_bridge/flush.py",
     ):
         assert shipped in modules, f"{shipped} missing from {wheel.name}"
+    assert "hakafka/daemon/page.html" in names, f"the status page is missing from {wheel.name}"
     dev = [n for n in modules if any(part in n for part in DEV_ONLY)]
     assert dev == [], f"{wheel.name} ships dev tooling: {dev}"

@@ -74,8 +74,7 @@ class StatusHistory:
             "every_s": self.every_s,
             "keep_s": self.keep_s,
             "samples": [
-                {"at": s.at, "pipelines": [asdict(p) for p in s.pipelines]}
-                for s in self.samples()
+                {"at": s.at, "pipelines": [asdict(p) for p in s.pipelines]} for s in self.samples()
             ],
         }
 

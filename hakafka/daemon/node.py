@@ -1,7 +1,8 @@
 """The daemon process of one node (`Daemon`).
 
 Start-up: validate the config (done by the caller), open the query services (Flight, and
-the admin HTTP endpoint with /health /ready /status /metrics /query), connect to ZooKeeper,
+the admin HTTP endpoint with /health /ready /status /metrics /query, and the status page at
+/ with its /status/history), connect to ZooKeeper,
 register the node, agree on the shard-wide settings (`SettingsGuard`: a node whose settings
 differ from the recorded ones stays up but stands nowhere), stand in the election of every
 shard it serves, tell systemd READY=1.
@@ -36,6 +37,8 @@ from hakafka import __version__
 from hakafka.config import Config, advertised_host
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.daemon.forwarding import Forwarder
+from hakafka.daemon.history import StatusHistory, sample_of
+from hakafka.daemon.page import status_page
 from hakafka.daemon.report import node_status
 from hakafka.daemon.reshard_follower import ReshardFollower
 from hakafka.daemon.settings_guard import SettingsGuard
@@ -122,6 +125,8 @@ class Daemon:
         self._stop = threading.Event()
         self._signals: list[str] = []  # names of the stop signals received
         self._reopen_logs = threading.Event()
+        self.history = StatusHistory()
+        self._page = status_page()
         token = config.server.token.value or None
         flight_ep, http_ep = config.server.flight, config.server.http
         limits = server_limits(config)
@@ -145,7 +150,9 @@ class Daemon:
                 routes={
                     "/health": Route(lambda: (200, "text/plain", b"ok\n"), public=True),
                     "/ready": Route(self._ready_route, public=True),
+                    "/": Route(lambda: (200, "text/html; charset=utf-8", self._page)),
                     "/status": Route(self._status_route),
+                    "/status/history": Route(self._history_route),
                     "/metrics": Route(self._metrics_route, public=True),
                 },
                 forward=self._forward,
@@ -237,6 +244,8 @@ class Daemon:
             self.reshard.poll()
             self.notifier.status(self._status_line())
             self._update_pipeline_metrics()
+            if self.history.due(now):
+                self.history.add(sample_of(self.runners, self.metrics.registry))
 
     def _shutdown(self) -> int:
         began = time.monotonic()
@@ -344,6 +353,11 @@ class Daemon:
         drift = self.guard.drift
         status["settings_drift"] = None if drift is None else [str(d) for d in drift]
         return 200, "application/json", json.dumps(status, default=str).encode()
+
+    def _history_route(self) -> tuple[int, str, bytes]:
+        import json
+
+        return 200, "application/json", json.dumps(self.history.report()).encode()
 
     def _metrics_route(self) -> tuple[int, str, bytes]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
