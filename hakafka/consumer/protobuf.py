@@ -17,7 +17,6 @@ into integer columns by number; `google.protobuf.Timestamp` into DateTime/DateTi
 from __future__ import annotations
 
 import base64
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,7 +261,7 @@ class ProtobufDecoder(WriterDecoder):
         pool = descriptor_pool.DescriptorPool()
         try:
             self._add(pool, found, f"schema-{found.schema_id}.proto", set())
-        except (ValueError, TypeError, KeyError, ConsumerError) as exc:
+        except (ValueError, TypeError, ConsumerError) as exc:
             return f"{where} is not a usable Protobuf schema: {exc}"
         return pool
 
@@ -284,8 +283,11 @@ class ProtobufDecoder(WriterDecoder):
             if dep in refs:
                 ref = self._registry.version(*refs[dep], fmt="serialized")
                 self._add(pool, ref, dep, added)
-            else:
-                pool.Add(_well_known(dep))
+            else:  # a well-known type (google/protobuf/...), known to the protobuf package
+                known = descriptor_pool.Default().FindFileByName(dep)
+                dep_proto = descriptor_pb2.FileDescriptorProto()
+                known.CopyToProto(dep_proto)
+                pool.Add(dep_proto)
         pool.Add(proto)
 
     def _writer(
@@ -311,19 +313,6 @@ class ProtobufDecoder(WriterDecoder):
                 )
         self._writers[key] = writer
         return writer
-
-
-def _well_known(name: str) -> descriptor_pb2.FileDescriptorProto:
-    """The descriptor of an import that is no reference: a well-known type of the protobuf
-    package (`google/protobuf/timestamp.proto` is module `google.protobuf.timestamp_pb2`)."""
-    module = name.removeprefix("google/protobuf/").removesuffix(".proto")
-    if not name.startswith("google/protobuf/") or not module.isidentifier():
-        raise ConsumerError(f"imports {name}, which is neither a reference nor a well-known type")
-    try:
-        known = importlib.import_module(f"google.protobuf.{module}_pb2")
-    except ImportError:
-        raise ConsumerError(f"imports {name}, unknown to the protobuf package") from None
-    return descriptor_pb2.FileDescriptorProto.FromString(known.DESCRIPTOR.serialized_pb)
 
 
 def _message_at(file: Any, path: tuple[int, ...]) -> Descriptor:
