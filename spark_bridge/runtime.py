@@ -4,6 +4,8 @@ Secrets stay out of `ps`, logs and errors. PySpark starts its driver JVM as `spa
 with every builder setting as a `--conf key=value` argument, readable by any local user in
 the process list; so the settings (with `[spark.conf]`) go to spark-submit in a properties
 file instead, mode 0600 in a private temporary directory that is deleted once the JVM is up.
+(The launcher still turns `spark.driver.extraJavaOptions` and `spark.driver.memory` into JVM
+arguments: no secret belongs in those.)
 A Spark Connect URL (`;token=...`) is logged and quoted in errors only through `redact`.
 """
 
