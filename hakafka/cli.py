@@ -205,6 +205,123 @@ def _query(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pipeline(args: argparse.Namespace) -> int:
+    from hakafka.ops import pause
+    from hakafka.ops.cluster import connect, operator
+
+    config = load(args.config)
+    name = pause.pipeline_name(config, args.pipeline)
+    shards = pause.shards_of(config, args.shard)
+    with connect(config) as coordinator:
+        if args.action == "pause":
+            outcomes = pause.pause(
+                coordinator, shards, name, by=operator(), reason=args.reason, timeout_s=args.wait
+            )
+        else:
+            outcomes = pause.resume(coordinator, shards, name)
+    if args.json:
+        _print_json([asdict(o) for o in outcomes])
+    else:
+        print(pause.describe(outcomes, pausing=args.action == "pause"))
+    return EXIT_OK
+
+
+def _offsets(args: argparse.Namespace) -> int:
+    from hakafka.consumer.topic_offsets import TopicOffsets
+    from hakafka.ops import offsets, pause
+    from hakafka.ops.cluster import check_shard, connect, operator
+
+    config = load(args.config)
+    kafka = config.kafka
+    if args.action == "show":
+        names = (
+            [pause.pipeline_name(config, args.pipeline)]
+            if args.pipeline
+            else [p.name for p in config.pipelines]
+        )
+        readers = {
+            n: TopicOffsets(kafka.bootstrap, config.pipeline(n).topic, kafka.settings)
+            for n in names
+        }
+        try:
+            with connect(config) as coordinator:
+                rows = offsets.show_offsets(
+                    coordinator, config, readers, pause.shards_of(config, args.shard), names
+                )
+        finally:
+            for reader in readers.values():
+                reader.close()
+        if args.json:
+            _print_json([{**asdict(r), "lag": r.lag} for r in rows])
+        else:
+            print(offsets.render_offsets(rows))
+        return EXIT_OK
+    name = pause.pipeline_name(config, args.pipeline)
+    shard = check_shard(config, args.shard)
+    target = _offset_target(args)
+    with (
+        TopicOffsets(kafka.bootstrap, config.pipeline(name).topic, kafka.settings) as reader,
+        connect(config) as coordinator,
+    ):
+        move = offsets.set_offsets(
+            coordinator,
+            config,
+            reader,
+            shard=shard,
+            pipeline=name,
+            target=target,
+            drop_pending=args.drop_pending,
+            by=operator(),
+            timeout_s=args.wait,
+        )
+    print(offsets.describe_move(move))
+    return EXIT_OK
+
+
+def _offset_target(args: argparse.Namespace) -> Any:
+    from hakafka.ops.offsets import OffsetTarget, TargetKind, parse_offsets, parse_timestamp
+
+    if args.to_earliest:
+        return OffsetTarget(TargetKind.EARLIEST)
+    if args.to_latest:
+        return OffsetTarget(TargetKind.LATEST)
+    if args.to_timestamp is not None:
+        return OffsetTarget(TargetKind.TIMESTAMP, timestamp_ms=parse_timestamp(args.to_timestamp))
+    return OffsetTarget(TargetKind.OFFSETS, offsets=parse_offsets(args.to_offset))
+
+
+def _pending(args: argparse.Namespace) -> int:
+    from hakafka.ops import offsets, pause
+    from hakafka.ops.cluster import check_shard, connect, operator
+
+    config = load(args.config)
+    with connect(config) as coordinator:
+        if args.action == "show":
+            names = (
+                [pause.pipeline_name(config, args.pipeline)]
+                if args.pipeline
+                else [p.name for p in config.pipelines]
+            )
+            found = offsets.show_pending(coordinator, pause.shards_of(config, args.shard), names)
+            if args.json:
+                _print_json([{"shard": s, "pipeline": n, **asdict(i)} for s, n, i in found])
+            elif not found:
+                print("no block is pending")
+            for shard, name, intent in [] if args.json else found:
+                print(f"shard {shard}, pipeline {name}: {offsets.block_summary(intent)}")
+            return EXIT_OK
+        move = offsets.drop_pending(
+            coordinator,
+            config,
+            shard=check_shard(config, args.shard),
+            pipeline=pause.pipeline_name(config, args.pipeline),
+            by=operator(),
+            timeout_s=args.wait,
+        )
+    print(offsets.describe_move(move))
+    return EXIT_OK
+
+
 def _wal(args: argparse.Namespace) -> int:
     from hakafka.ops.wal import check
 
@@ -311,6 +428,8 @@ def _add_ops_commands(commands: Any) -> None:
     query.add_argument("--json", action="store_true", help="same as --format json")
     query.set_defaults(handler=_query)
 
+    _add_pipeline_commands(commands)
+
     wal = commands.add_parser(
         "wal",
         help="inspect or verify this node's WAL",
@@ -321,6 +440,90 @@ def _add_ops_commands(commands: Any) -> None:
     _add_config(wal)
     wal.add_argument("--pipeline", help="only this pipeline")
     wal.set_defaults(handler=_wal)
+
+
+def _add_pipeline_commands(commands: Any) -> None:
+    """`pipeline pause|resume`, `offsets show|set`, `pending show|drop`."""
+    wait_help = "how long to wait for the shard's leader to stop the pipeline (default 60)"
+    pipeline = commands.add_parser("pipeline", help="pause or resume a pipeline")
+    actions = pipeline.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("pause", "stop consuming and flushing; held in ZooKeeper, so a new leader honours it"),
+        ("resume", "consume again from the checkpoint (and the WAL)"),
+    ):
+        sub = actions.add_parser(action, help=text, description=text)
+        _add_config(sub)
+        sub.add_argument("--pipeline", required=True)
+        sub.add_argument("--shard", type=int, help="only this shard (default: every shard)")
+        if action == "pause":
+            sub.add_argument("--reason", default="paused by ops", help="recorded with the pause")
+            sub.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
+        _add_json(sub)
+        sub.set_defaults(handler=_pipeline)
+
+    offsets = commands.add_parser(
+        "offsets", help="see or move a pipeline's checkpoint (where it resumes)"
+    )
+    actions = offsets.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser(
+        "show",
+        help="checkpoint, Kafka watermarks, lag and pending block per partition",
+        description="Per partition of each shard: the checkpoint in ZooKeeper (the next "
+        "offset to write to ClickHouse), the broker's low and high watermarks, the lag from the "
+        "checkpoint, the pending block's offsets, and whether the pipeline is paused.",
+    )
+    _add_config(show)
+    show.add_argument("--pipeline", help="only this pipeline")
+    show.add_argument("--shard", type=int, help="only this shard")
+    _add_json(show)
+    show.set_defaults(handler=_offsets)
+    move = actions.add_parser(
+        "set",
+        help="move a shard's pipeline to other offsets (replay or skip)",
+        description="Pause the pipeline (unless paused already), wait until its leader "
+        "stopped it, write the new checkpoint fenced by that leader's epoch, and resume it. "
+        "Refused while a block is pending (a flush in doubt) unless --drop-pending. Rows "
+        "consumed but not yet flushed below the new offsets are not written; offsets at or "
+        "above them are consumed again. Prints every partition's move.",
+    )
+    _add_config(move)
+    move.add_argument("--pipeline", required=True)
+    move.add_argument("--shard", type=int, required=True)
+    to = move.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="each partition's log start")
+    to.add_argument("--to-latest", action="store_true", help="each partition's end (skip all)")
+    to.add_argument(
+        "--to-timestamp",
+        metavar="TIME",
+        help="the first offset at or after TIME (ISO-8601, UTC if no offset; or epoch ms)",
+    )
+    to.add_argument("--to-offset", metavar="P:O,...", help="these partitions to these offsets")
+    move.add_argument(
+        "--drop-pending", action="store_true", help="abandon a pending block (printed)"
+    )
+    move.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
+    move.set_defaults(handler=_offsets)
+
+    pending = commands.add_parser("pending", help="see or drop a pipeline's pending block")
+    actions = pending.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="the blocks in doubt: offsets, rows, dead letters")
+    _add_config(show)
+    show.add_argument("--pipeline", help="only this pipeline")
+    show.add_argument("--shard", type=int, help="only this shard")
+    _add_json(show)
+    show.set_defaults(handler=_pending)
+    drop = actions.add_parser(
+        "drop",
+        help="abandon a shard's pending block: its offsets are skipped",
+        description="Pause the pipeline, wait until its leader stopped it, move the "
+        "checkpoint past the pending block and delete it (one fenced write), resume. Prints "
+        "the rows abandoned; a flush attempt may already have written some of them.",
+    )
+    _add_config(drop)
+    drop.add_argument("--pipeline", required=True)
+    drop.add_argument("--shard", type=int, required=True)
+    drop.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
+    drop.set_defaults(handler=_pending)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,6 +611,7 @@ def _logs_to_stderr() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `hakafka` command; return its exit code (0 ok, 1 failure, 2 usage)."""
     from buffer.client import QueryFailedError
+    from hakafka.consumer import ConsumerError
     from hakafka.coordination import CoordinationError
     from hakafka.ops.cluster import OpsError, UsageError
 
@@ -419,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ConfigError, OpsError, CoordinationError, QueryFailedError) as exc:
+    except (ConfigError, OpsError, CoordinationError, QueryFailedError, ConsumerError) as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return code

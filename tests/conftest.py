@@ -149,6 +149,7 @@ def make_cluster(
         buffer: dict[str, int | float] | None = None,
         on_error: str = "dead_letter",
         server: dict[str, object] | None = None,
+        transform: str = "",
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",
@@ -158,6 +159,7 @@ def make_cluster(
             buffer=buffer
             or {"min_rows": 5000, "max_rows": 100_000, "min_bytes": 1, "min_age": 1, "max_age": 3},
             on_error=on_error,
+            transform=transform,
         )
         cluster = LocalCluster(
             tmp_path / f"cluster{len(made)}",

@@ -24,6 +24,7 @@ from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.election import Leadership, LeadershipEvent
 from hakafka.coordination.errors import NodeIdTakenError
 from hakafka.coordination.executor import SerialExecutor
+from hakafka.coordination.pause import PauseStore
 from hakafka.coordination.records import (
     FailoverRequest,
     LeaderInfo,
@@ -54,6 +55,8 @@ class Coordinator:
         """The recorded shard-wide settings (`/settings`)."""
         self.reshard = ReshardStore(self._session)
         """The reshard in progress (`/reshard`) and the checkpoints it moves."""
+        self.pauses = PauseStore(self._session)
+        """Paused pipelines (`shards/<s>/paused/<pipeline>`) and the ops writes they allow."""
         self._worker = SerialExecutor(f"hakafka-zk-{node_id}")
         self._notifier = SerialExecutor(f"hakafka-zk-events-{node_id}")
         self._shards: dict[int, Leadership] = {}

@@ -9,6 +9,7 @@ forward: a commit below the committed offset is refused (`CheckpointRegressionEr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -48,6 +49,24 @@ def check_monotonic(shard: int, pipeline: str, committed: Checkpoint, proposed: 
             f"shard {shard}, pipeline {pipeline}: checkpoint commit refused, it would move "
             f"backwards ({'; '.join(behind)}); nothing written"
         )
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A pipeline's checkpoint in one shard and its znode version (None: no znode)."""
+
+    offsets: Checkpoint
+    version: int | None
+
+
+def stored_checkpoint(session: ZkSession, shard: int, pipeline: str) -> StoredCheckpoint:
+    """`pipeline`'s checkpoint in `shard`, with its znode version (for a version-checked
+    write by ops: a reshard, an offsets move)."""
+    path = paths.checkpoint(shard, pipeline)
+    got = session.get(path)
+    if got is None:
+        return StoredCheckpoint({}, None)
+    return StoredCheckpoint(decode_checkpoint(path, got[0]), got[1].version)
 
 
 class FencedState:

@@ -78,6 +78,15 @@ def pending(shard_id: int, name: str) -> str:
     return f"{pipeline(shard_id, name)}/pending"
 
 
+def paused_pipelines(shard_id: int) -> str:
+    """The parent of a shard's pause flags."""
+    return f"{shard(shard_id)}/paused"
+
+
+def paused(shard_id: int, name: str) -> str:
+    return f"{paused_pipelines(shard_id)}/{check_name('pipeline', name)}"
+
+
 def drained(shard_id: int) -> str:
     """A shard's report that its leader drained for the reshard in progress."""
     shard(shard_id)  # validates the number
@@ -86,4 +95,9 @@ def drained(shard_id: int) -> str:
 
 def shard_layout(shard_id: int) -> list[str]:
     """The persistent znodes of one shard, parents first (for idempotent creation)."""
-    return [shard(shard_id), election(shard_id), f"{shard(shard_id)}/pipelines"]
+    return [
+        shard(shard_id),
+        election(shard_id),
+        f"{shard(shard_id)}/pipelines",
+        paused_pipelines(shard_id),
+    ]

@@ -144,6 +144,52 @@ class FailoverRequest:
 
 
 @dataclass(frozen=True)
+class HeldBy:
+    """The leader that stopped a paused pipeline, in the term of fencing `token`."""
+
+    node: str
+    epoch: int
+    token: int
+
+
+@dataclass(frozen=True)
+class PauseRecord:
+    """An ops pause of one shard's pipeline (`shards/<s>/paused/<pipeline>`).
+
+    `held` is set by the shard's leader once the pipeline stopped in its term (None until
+    then, and again for a new term's leader to set): while it names the current term, nothing
+    of the pipeline runs, so its checkpoint and pending intent may be changed by ops.
+    """
+
+    by: str
+    at: float
+    reason: str
+    held: HeldBy | None = None
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> PauseRecord:
+        v = _load(path, raw)
+        held = v.get("held")
+        if held is not None and not isinstance(held, dict):
+            raise CorruptZnodeError(f"znode {path}: field 'held' must be an object or null")
+        return cls(
+            by=_field(path, v, "by", str),
+            at=float(_field(path, v, "at", (int, float))),
+            reason=_field(path, v, "reason", str),
+            held=None
+            if held is None
+            else HeldBy(
+                node=_field(path, held, "node", str),
+                epoch=_field(path, held, "epoch", int),
+                token=_field(path, held, "token", int),
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class TaskRecord:
     """One flush task of a pending block: the offsets it holds (`spans`, each
     ``(partition, first, end)`` with end exclusive), how many rows and dead letters they

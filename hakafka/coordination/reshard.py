@@ -18,7 +18,6 @@ The protocol (driven by `hakafka reshard`, see `hakafka/ops/reshard.py`):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import structlog
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
@@ -27,12 +26,12 @@ from kazoo.recipe.watchers import DataWatch
 
 from hakafka.coordination import paths
 from hakafka.coordination.errors import CoordinationError, FencedError
+from hakafka.coordination.fenced import StoredCheckpoint, stored_checkpoint
 from hakafka.coordination.records import (
     Checkpoint,
     ClusterSettings,
     DrainedInfo,
     ReshardRequest,
-    decode_checkpoint,
     encode_checkpoint,
 )
 from hakafka.coordination.session import ZkSession
@@ -44,14 +43,6 @@ _ABORT_ATTEMPTS = 5
 
 class ReshardRaceError(CoordinationError):
     """The reshard could not complete: something it checked changed (named in the message)."""
-
-
-@dataclass(frozen=True)
-class StoredCheckpoint:
-    """A pipeline's checkpoint in one shard and its znode version (None: no znode)."""
-
-    offsets: Checkpoint
-    version: int | None
 
 
 class ReshardStore:
@@ -134,11 +125,7 @@ class ReshardStore:
 
     def checkpoint(self, shard: int, pipeline: str) -> StoredCheckpoint:
         """`pipeline`'s checkpoint in `shard`, with its znode version."""
-        path = paths.checkpoint(shard, pipeline)
-        got = self._session.get(path)
-        if got is None:
-            return StoredCheckpoint({}, None)
-        return StoredCheckpoint(decode_checkpoint(path, got[0]), got[1].version)
+        return stored_checkpoint(self._session, shard, pipeline)
 
     def complete(
         self,

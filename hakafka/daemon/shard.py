@@ -22,6 +22,13 @@ term's pipelines run in drain mode: they commit everything they hold and consume
 once all are drained the shard reports it in `/reshard/<shard>` (fenced by the term), and
 holds its leadership idle until the reshard ends (`reshard(False)`: consume again).
 
+A pipeline ops paused (`hakafka pipeline pause`, `shards/<s>/paused/<pipeline>`, watched
+here) does not run in any term: it stops (a flush in flight may finish within the grace),
+and the leader records in the flag that it stopped in its term, which lets ops move its
+offsets or drop its pending block. Resumed, it starts like a new term's pipeline (recovery
+from checkpoint, pending intent and WAL). Drain mode ignores pauses: a reshard needs every
+pipeline to commit what it holds, and a drained pipeline consumes nothing anyway.
+
 A pipeline that fails while the term holds (the broker or ClickHouse away during recovery, a
 flush that cannot land) is restarted within the same term after a growing delay (1 s, 2 s,
 4 s, ... 30 s), as Flink's exponential-delay restart strategy does: a transient outage heals
@@ -43,10 +50,12 @@ import structlog
 
 from hakafka.coordination import (
     BecameLeader,
+    CoordinationError,
     Coordinator,
     DrainedInfo,
     FailoverRequested,
     FencedError,
+    HeldBy,
     Leadership,
     LeadershipEvent,
     LeadershipState,
@@ -88,6 +97,13 @@ class _Reshard:
     """The reshard in progress (its `request` id), or None when none is."""
 
     request: str | None
+
+
+@dataclass(frozen=True)
+class _Pauses:
+    """The pipelines ops paused in this shard, by name."""
+
+    names: frozenset[str]
 
 
 @dataclass
@@ -140,11 +156,16 @@ class ShardRunner:
         self._draining = False  # a reshard is in progress: pipelines drain, then hold
         self._reshard: str | None = None  # the id of that reshard
         self._drained_reported = False  # this term's drained report for it is written
+        self.paused: frozenset[str] = frozenset()
+        """The pipelines ops paused in this shard (they run in no term)."""
+        self._acknowledged: set[str] = set()  # paused pipelines this term reported stopped
+        self._resumed: set[str] = set()  # resumed by ops, not started yet (term suspended)
         self._log = log.bind(shard=shard)
 
     def start(self) -> None:
         """Handle events from now on; the node stands once `stand()` is called."""
         self._thread.start()
+        self._coordinator.pauses.watch(self.shard, lambda names: self._events.put(_Pauses(names)))
 
     def stand(self) -> None:
         """Stand for leadership (again); a no-op while standing."""
@@ -171,7 +192,8 @@ class ShardRunner:
 
     @property
     def leading(self) -> bool:
-        return bool(self.pipelines)
+        """True while a term of this node runs here (its pipelines may all be paused)."""
+        return self.leading_since is not None
 
     def healthy(self) -> bool:
         """False if the shard's event thread died or a pipeline failed, stopped or is stuck
@@ -197,6 +219,8 @@ class ShardRunner:
                     self._reconcile_candidacy()
                 elif isinstance(event, _Reshard):
                     self._set_draining(event.request)
+                elif isinstance(event, _Pauses):
+                    self._set_paused(event.names)
                 elif event is None:
                     self._reconcile_candidacy()
                     self._supervise(time.monotonic())
@@ -231,6 +255,7 @@ class ShardRunner:
         if self.leadership is None or self.leadership.state is not LeadershipState.LEADER:
             return  # suspended or over: the next event decides
         self._report_drained(self.leadership)
+        self._acknowledge_pauses(self.leadership)
         for index, p in enumerate(self.pipelines):
             if p.running or not p.status.restartable or p.status.state is PipelineState.DRAINED:
                 continue
@@ -269,6 +294,60 @@ class ShardRunner:
             self._stop_pipelines(HANDOVER_GRACE_S, reason="reshard")
             if leadership.state is LeadershipState.LEADER:
                 self._start_pipelines()
+
+    def _set_paused(self, names: frozenset[str]) -> None:
+        """Stop the pipelines ops paused and start the ones they resumed (shard thread only).
+        Outside a term, or in drain mode, only the set is kept: the next start applies it."""
+        paused, resumed = names - self.paused, self.paused - names
+        self.paused = names
+        self._acknowledged &= names
+        self._resumed = (self._resumed | resumed) - names
+        for name in sorted(paused):
+            self._log.warning("pipeline.paused_by_ops", pipeline=name)
+        for name in sorted(resumed):
+            self._log.info("pipeline.resumed_by_ops", pipeline=name)
+        leadership = self.leadership
+        if not self.leading or self._draining or leadership is None:
+            return
+        stopping = [p for p in self.pipelines if p.config.name in paused]
+        self.pipelines = [p for p in self.pipelines if p.config.name not in paused]
+        for p in stopping:
+            clean = p.stop(self._grace)
+            self._log.info(
+                "pipeline.stopped_by_shard", pipeline=p.config.name, reason="paused", clean=clean
+            )
+        if leadership.state is LeadershipState.LEADER:  # suspended: Resumed starts them
+            self._start_resumed(leadership)
+            self._acknowledge_pauses(leadership)
+
+    def _start_resumed(self, leadership: Leadership) -> None:
+        """Start the pipelines ops resumed during this term."""
+        for name in sorted(self._resumed):
+            try:
+                (pipeline,) = self._make_pipelines(leadership, name, False)
+            except FencedError as exc:
+                self._log.warning("leader.term_already_over", error=str(exc))
+                return
+            self._resumed.discard(name)
+            self.pipelines.append(pipeline)
+            pipeline.start()
+
+    def _acknowledge_pauses(self, leadership: Leadership) -> None:
+        """Record in each pause flag that its pipeline stopped in this term (once per term)."""
+        if not self.leading or self._draining:
+            return
+        running = {p.config.name for p in self.pipelines}
+        epoch, token = leadership.epoch, leadership.token
+        if epoch is None or token is None:
+            return
+        held = HeldBy(self._coordinator.node_id, epoch, token)
+        for name in sorted(self.paused - running - self._acknowledged):
+            try:
+                self._coordinator.pauses.acknowledge(self.shard, name, held)
+            except CoordinationError as exc:  # retried at the next supervision
+                self._log.warning("pipeline.pause_unacknowledged", pipeline=name, error=str(exc))
+                return
+            self._acknowledged.add(name)
 
     def _report_drained(self, leadership: Leadership) -> None:
         """Once every pipeline of a draining term is drained, report the shard drained."""
@@ -351,8 +430,10 @@ class ShardRunner:
             self._log.info("leader.resumed", epoch=event.epoch)
             for p in self.pipelines:
                 p.resume()
-            if not self.pipelines:  # a reshard switched modes while the term was suspended
+            if not self.leading:  # a reshard switched modes while the term was suspended
                 self._start_pipelines()
+            elif self.leadership is not None:  # ops resumed pipelines while it was suspended
+                self._start_resumed(self.leadership)
         elif isinstance(event, LostLeadership):
             self._log.warning("leader.lost", reason=event.reason)
             self._mark_elected(False)
@@ -381,11 +462,15 @@ class ShardRunner:
             self._log.warning("leader.term_already_over", error=str(exc))
             return
         self.leading_since = time.time()
-        self.pipelines = pipelines
+        self.pipelines = [
+            p for p in pipelines if self._draining or p.config.name not in self.paused
+        ]
         self._restarts = {}
+        self._acknowledged, self._resumed = set(), set()
         for p in self.pipelines:
             p.start()
         self._announce(self.leadership)
+        self._acknowledge_pauses(self.leadership)
 
     def _announce(self, leadership: Leadership) -> None:
         # Waiting here would hold back later events (a loss must stop pipelines at once).

@@ -32,7 +32,8 @@ from hakafka.coordination import (
     PipelineSettings,
     ReshardRequest,
 )
-from hakafka.coordination.reshard import ReshardRaceError, StoredCheckpoint
+from hakafka.coordination.fenced import StoredCheckpoint
+from hakafka.coordination.reshard import ReshardRaceError
 from hakafka.drift import cluster_settings, compare
 from hakafka.ops.cluster import OpsError
 

@@ -15,7 +15,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
     """`shards` (leader, epoch, since, status), `pipelines` (per shard, from its leader's
     view: state, lag per partition, buffer, last flush, pending intent), `nodes` (alive,
     endpoints, replacing) and `healthy`: every shard has a consuming leader whose pipelines
-    all consume."""
+    all consume or are paused by ops."""
     token = config.server.token.value or None
     tls = client_tls(config)
     registered = coordinator.nodes()
@@ -64,7 +64,8 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
             }
         )
     healthy = all(s["status"] == "consuming" for s in shards) and all(
-        p["state"] == "consuming" for p in pipelines
+        p["state"] in ("consuming", "paused")
+        for p in pipelines  # a pause is an ops decision
     )
     return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
 
@@ -106,6 +107,10 @@ def _pipelines_of(
                     "pending_block": p["pending_block"],
                     "reflushing": p.get("reflushing", False),
                 }
+            )
+        for name in entry.get("paused", []):
+            found.append(
+                {"shard": shard, "node": leader, "pipeline": name, "state": "paused", "error": None}
             )
     return found
 

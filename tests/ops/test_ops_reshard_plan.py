@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hakafka.coordination.reshard import StoredCheckpoint
+from hakafka.coordination.fenced import StoredCheckpoint
 from hakafka.drift import cluster_settings
 from hakafka.ops.cluster import OpsError
 from hakafka.ops.reshard import move_checkpoints, target_settings
