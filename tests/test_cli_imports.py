@@ -34,9 +34,15 @@ print(json.dumps({{"code": code, "modules": sorted(sys.modules)}}))
 """
 
 
+# The example config reads its ZooKeeper password from a systemd credential, which a test
+# machine does not have; the environment variable wins over the file.
+EXAMPLE_ENV = {"HAKAFKA_ZK_PASSWORD": "example-password"}
+
+
 def run_command(argv: list[str]) -> tuple[int, list[str]]:
-    """(exit code, loaded modules) of `hakafka ARGV` in a fresh interpreter."""
-    result = json.loads(fresh_python(_PROBE.format(argv=argv)).splitlines()[-1])
+    """(exit code, loaded modules) of `hakafka ARGV` in a fresh interpreter, with the example
+    config's ZooKeeper password in the environment."""
+    result = json.loads(fresh_python(_PROBE.format(argv=argv), env=EXAMPLE_ENV).splitlines()[-1])
     return result["code"], result["modules"]
 
 
