@@ -516,6 +516,10 @@ def _ipv6_text(value: str) -> str | None:
         return None
     if address.ipv4_mapped is not None:
         return f"::ffff:{address.ipv4_mapped}"
+    packed = address.packed
+    # IPv4-compatible (96 zero bits, then a word that is not zero): the tail as a quad.
+    if not any(packed[:12]) and any(packed[12:14]):
+        return f"::{ipaddress.IPv4Address(packed[12:])}"
     return str(address)
 
 

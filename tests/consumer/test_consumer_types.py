@@ -322,3 +322,21 @@ def test_fail_policy_names_the_offset_and_the_bad_value() -> None:
     )
     with pytest.raises(Exception, match=r"offset 11.*column 'u': 'nope' is not a UUID"):
         decoder.decode_columns(columns([f'{{"u": "{UUID}"}}', '{"u": "nope"}'], first=10))
+
+
+def test_ipv6_decodes_to_the_text_clickhouse_prints() -> None:
+    # Pairs checked against ClickHouse's toString(toIPv6(...)) in
+    # tests/pipeline/test_pipeline_types_clickhouse.py.
+    written = {
+        "2001:DB8:0:0::1": "2001:db8::1",
+        "::ffff:1.2.3.4": "::ffff:1.2.3.4",
+        "10.1.2.3": "::ffff:10.1.2.3",
+        "::1.2.3.4": "::1.2.3.4",
+        "::0.0.1.2": "::102",
+        "::1": "::1",
+        "64:ff9b::1.2.3.4": "64:ff9b::102:304",
+    }
+    schema = PipelineSchema.of([("ip", "IPv6")])
+    rows, dead = decode([json.dumps({"ip": ip}) for ip in [*written, "fe80::1%eth0"]], schema)
+    assert [r["ip"] for r in rows] == list(written.values())
+    assert dead == {7: "column 'ip': 'fe80::1%eth0' is not an IPv6 address"}
