@@ -42,8 +42,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from spark_bridge.chtypes import needs_text_cast, text_type
 from spark_bridge.connection import Connection
-from spark_bridge.tables import quote_identifier
+from spark_bridge.tables import quote_identifier, table_columns
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -302,7 +303,34 @@ def spark_arrow_type(arrow_type: pa.DataType) -> pa.DataType:
         return spark_arrow_type(arrow_type.value_type)
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
         return pa.list_(spark_arrow_type(arrow_type.value_type))
+    if pa.types.is_map(arrow_type):
+        return pa.map_(
+            spark_arrow_type(arrow_type.key_type), spark_arrow_type(arrow_type.item_type)
+        )
+    if pa.types.is_struct(arrow_type):
+        return pa.struct(
+            [pa.field(f.name, spark_arrow_type(f.type), f.nullable) for f in arrow_type]
+        )
+    if pa.types.is_fixed_size_binary(arrow_type):
+        return pa.binary()
     return widen.get(arrow_type, arrow_type)
+
+
+def select_list(client: Client, options: ClickHouseOptions) -> str:
+    """The SELECT list of the read: the chosen columns (all that ``SELECT *`` gives by
+    default), each of a type whose Arrow output is not its text (UUID, IPv4, IPv6, Enum,
+    JSON, at any depth) cast so that it is."""
+    columns = table_columns(client, options.database, options.table)
+    if columns is None:  # no such table: the query says so
+        return "*"
+    wanted = options.columns or tuple(name for name, _ in columns)
+    types = dict(columns)
+    return ", ".join(
+        f"CAST({quote_identifier(name)} AS {text_type(types[name])}) AS {quote_identifier(name)}"
+        if name in types and needs_text_cast(types[name])
+        else quote_identifier(name)
+        for name in wanted
+    )
 
 
 class ClickHouseReader(DataSourceReader):
@@ -310,6 +338,11 @@ class ClickHouseReader(DataSourceReader):
         self.options = options
         self.schema = schema
         self.pushed: list[str] = []
+        client = options.client()
+        try:
+            self.select = select_list(client, options)
+        finally:
+            client.close()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802
         for flt in filters:
@@ -361,7 +394,7 @@ class ClickHouseReader(DataSourceReader):
         return slices
 
     def query(self, condition: str | None) -> str:
-        columns = ", ".join(quote_identifier(f.name) for f in self.schema.fields)
+        columns = self.select
         conditions = [c for c in (self.where(), condition) if c]
         where = " WHERE " + " AND ".join(f"({c})" for c in conditions) if conditions else ""
         return f"SELECT {columns} FROM {self.options.qualified_table}{where}"
@@ -369,7 +402,8 @@ class ClickHouseReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        target = to_arrow_schema(self.schema)
+        # A timestamp is an instant: labelling it UTC keeps its value.
+        target = to_arrow_schema(self.schema, timezone="UTC")
         client = self.options.client()
         try:
             table = client.query_arrow(self.query(partition.value), settings=_READ_SETTINGS)
@@ -389,13 +423,11 @@ class ClickHouseDataSource(DataSource):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         options = ClickHouseOptions.parse(self.options)
-        columns = (
-            ", ".join(quote_identifier(c) for c in options.columns) if options.columns else "*"
-        )
         client = options.client()
         try:
             empty = client.query_arrow(
-                f"SELECT {columns} FROM {options.qualified_table} LIMIT 0", settings=_READ_SETTINGS
+                f"SELECT {select_list(client, options)} FROM {options.qualified_table} LIMIT 0",
+                settings=_READ_SETTINGS,
             )
         finally:
             client.close()

@@ -19,10 +19,13 @@ it has seen among the last N blocks of the table. An existing table is accepted 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from spark_bridge.chtypes import canonical_type
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -41,6 +44,9 @@ class Engine(StrEnum):
 
 
 DEFAULT_DEDUP_WINDOW = 10_000
+# A Nested column stays one column of that type (an Array of Tuples in Arrow), not one
+# Array column per element as the default `flatten_nested = 1` would make it.
+CREATE_SETTINGS = {"flatten_nested": 0}
 
 
 def quote_identifier(name: str) -> str:
@@ -131,22 +137,30 @@ _SPACE_OUTSIDE_QUOTES = re.compile(r"'(?:[^'\\]|\\.)*'|\s+")
 
 
 def normalize_type(type_name: str) -> str:
-    """`type_name` without whitespace outside string literals (ClickHouse adds ', ')."""
+    """`type_name` as ClickHouse reports it, for comparing: without whitespace outside
+    string literals (ClickHouse adds ', ') and with Enum elements ordered by value."""
+    with contextlib.suppress(ValueError):  # malformed: compared as written
+        type_name = canonical_type(type_name)
     return _SPACE_OUTSIDE_QUOTES.sub(
         lambda m: m.group(0) if m.group(0)[0] == "'" else "", type_name
     )
 
 
 def table_columns(client: Client, database: str, table: str) -> list[tuple[str, str]] | None:
-    """The table's ``(name, type)`` pairs in order, or None if it does not exist."""
+    """The ``(name, type)`` pairs of the table's columns an INSERT writes (not MATERIALIZED or
+    ALIAS ones), in order; None if the table does not exist."""
     rows = client.query(
-        "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String}"
-        " ORDER BY position",
+        "SELECT name, type, default_kind FROM system.columns"
+        " WHERE database = {db:String} AND table = {t:String} ORDER BY position",
         parameters={"db": database, "t": table},
     ).result_rows
     if not rows:  # every table has a column: no rows means no table
         return None
-    return [(str(name), str(type_)) for name, type_ in rows]
+    return [
+        (str(name), str(type_))
+        for name, type_, kind in rows
+        if kind not in ("MATERIALIZED", "ALIAS")
+    ]
 
 
 def compare_columns(spec: TableSpec, actual: list[tuple[str, str]]) -> SchemaMismatchError | None:
@@ -310,7 +324,7 @@ def ensure_table(client: Client, spec: TableSpec) -> bool:
     """
     actual = table_columns(client, spec.database, spec.table)
     if actual is None:
-        client.command(spec.create_sql())
+        client.command(spec.create_sql(), settings=CREATE_SETTINGS)
         return True
     mismatch = compare_columns(spec, actual)
     if mismatch is not None:
