@@ -10,6 +10,7 @@ import pyarrow.flight as fl
 from buffer.auth import bearer_ok
 from buffer.client import FORWARDED_BY, FORWARDED_BY_HEADER
 from buffer.limits import ServerLimits
+from buffer.observe import Outcome, QueryObserver, observed
 from buffer.snapshot import Snapshot
 from buffer.sql import Forward, QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
 from buffer.tls import ServerTls
@@ -67,7 +68,9 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     A ticket that is not UTF-8 gets a server error saying so; over
     ``limits.max_concurrent_queries`` running queries, an unavailable error at once. Every
     error sent is of a Flight kind, so none carries the server's traceback (nor does the
-    unknown table of ``get_flight_info``). It serves from construction until ``shutdown()``.
+    unknown table of ``get_flight_info``). ``observe`` hears of every query answered
+    (protocol ``flight``, result, seconds until the result is ready to stream). It serves
+    from construction until ``shutdown()``.
     Do not call ``serve()`` in a process that handles signals: it only waits, and while it
     waits Arrow's own SIGINT/SIGTERM handler replaces the process's; with a second Flight
     server in the process (a flush handoff) that handler ends up acting for neither, and
@@ -84,7 +87,9 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         forward: Forward | None = None,
         limits: ServerLimits | None = None,
         tls: ServerTls | None = None,
+        observe: QueryObserver | None = None,
     ) -> None:
+        self._observe = observe
         self._scheme = "grpc" if tls is None else "grpc+tls"
         super().__init__(
             f"{self._scheme}://{host}:{port}",
@@ -107,18 +112,23 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
             sql = ticket.ticket.decode()
         except UnicodeDecodeError as exc:
             raise fl.FlightServerError(f"the ticket is not UTF-8 SQL: {exc.reason}") from None
-        if not self._queries.acquire(blocking=False):
-            raise fl.FlightUnavailableError(f"{self._cap} queries running; retry later")
-        hop = context.get_middleware("forwarded_by")
-        try:
-            return self._answer(sql, {} if hop is None else {FORWARDED_BY: hop.node})
-        finally:
-            self._queries.release()
+        with observed(self._observe, "flight") as outcome:
+            if not self._queries.acquire(blocking=False):
+                outcome.result = "too_many_queries"
+                raise fl.FlightUnavailableError(f"{self._cap} queries running; retry later")
+            hop = context.get_middleware("forwarded_by")
+            try:
+                return self._answer(sql, {} if hop is None else {FORWARDED_BY: hop.node}, outcome)
+            finally:
+                self._queries.release()
 
-    def _answer(self, sql: str, params: Mapping[str, str]) -> fl.RecordBatchStream:
+    def _answer(
+        self, sql: str, params: Mapping[str, str], outcome: Outcome
+    ) -> fl.RecordBatchStream:
         try:
             forwarded = self._forward(sql, params) if self._forward is not None else None
         except Exception as exc:  # the place it forwards to is unreachable or refused it
+            outcome.result = "forward_failed"
             why = f"forward failed: {type(exc).__name__}: {exc}"
             raise fl.FlightUnavailableError(why) from None
         if forwarded is not None:
@@ -126,6 +136,7 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         try:
             table = self.engine.query(sql)
         except QueryError as exc:
+            outcome.result = exc.kind
             raise _flight_error(exc) from None
         return fl.RecordBatchStream(table)
 

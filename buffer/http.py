@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from buffer.auth import HTTP_CHALLENGES, http_token_ok
 from buffer.formats import Format, choose_format, encode
 from buffer.limits import ServerLimits
+from buffer.observe import Outcome, QueryObserver, observed
 from buffer.sql import Forward, QueryError, QueryResult, SqlEngine
 from buffer.tls import ServerTls
 
@@ -136,21 +137,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "bad_request", str(exc))
             return
         queries = self.server.queries
-        if not queries.acquire(blocking=False):
-            cap = self.server.limits.max_concurrent_queries
-            self._error(429, "too_many_queries", f"{cap} queries running; retry later")
-            return
-        try:
-            self._run(params, fmt)
-        finally:
-            queries.release()
+        with observed(self.server.observe, "http") as outcome:
+            if not queries.acquire(blocking=False):
+                cap = self.server.limits.max_concurrent_queries
+                outcome.result = "too_many_queries"
+                self._error(429, outcome.result, f"{cap} queries running; retry later")
+                return
+            try:
+                self._run(params, fmt, outcome)
+            finally:
+                queries.release()
 
-    def _run(self, params: dict[str, str], fmt: Format) -> None:
+    def _run(self, params: dict[str, str], fmt: Format, outcome: Outcome) -> None:
         engine = self.server.engine
         try:
             forwarded = self.server.forward(params["sql"], params) if self.server.forward else None
         except Exception as exc:  # a forward that failed (the leader is unreachable)
-            self._error(502, "forward_failed", f"{type(exc).__name__}: {exc}")
+            outcome.result = "forward_failed"
+            self._error(502, outcome.result, f"{type(exc).__name__}: {exc}")
             return
         try:
             if forwarded is not None:
@@ -159,6 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
                 with engine.stream(params["sql"]) as result:
                     chunks = encode(result, fmt)
         except QueryError as exc:
+            outcome.result = exc.kind
             self._error(exc.http_status, exc.kind, str(exc))
             return
         self._send_chunks(200, fmt.value, chunks)
@@ -202,6 +207,7 @@ class _Server(ThreadingHTTPServer):
         forward: Forward | None,
         limits: ServerLimits,
         tls: ServerTls | None,
+        observe: QueryObserver | None,
     ) -> None:
         super().__init__(address, _Handler)
         if tls is not None:
@@ -214,6 +220,7 @@ class _Server(ThreadingHTTPServer):
         self.routes = dict(routes)
         self.forward = forward
         self.limits = limits
+        self.observe = observe
         self.connections = threading.BoundedSemaphore(limits.max_connections)
         self.queries = threading.BoundedSemaphore(limits.max_concurrent_queries)
 
@@ -267,7 +274,8 @@ class HttpQueryServer:
 
     ``routes`` adds GET endpoints (a daemon's /health, /metrics...); ``forward`` may answer a
     query elsewhere (502 if that fails). With ``tls`` it serves HTTPS only (the handshake
-    runs on the connection's thread, under ``request_timeout``).
+    runs on the connection's thread, under ``request_timeout``). ``observe`` hears of every
+    query answered (protocol ``http``, result, seconds to the last byte sent).
     """
 
     def __init__(
@@ -281,6 +289,7 @@ class HttpQueryServer:
         forward: Forward | None = None,
         limits: ServerLimits | None = None,
         tls: ServerTls | None = None,
+        observe: QueryObserver | None = None,
     ) -> None:
         self._server = _Server(
             (host, port),
@@ -290,6 +299,7 @@ class HttpQueryServer:
             forward=forward,
             limits=limits or ServerLimits(),
             tls=tls,
+            observe=observe,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="buffer-http", daemon=True

@@ -185,3 +185,8 @@ class Metrics:
                 registry=reg,
             ),
         )
+
+    def observe_query(self, protocol: str, result: str, seconds: float) -> None:
+        """A query server answered one query (`buffer.observe.QueryObserver`)."""
+        self.queries.labels(protocol=protocol, result=result).inc()
+        self.query_seconds.labels(protocol=protocol).observe(seconds)

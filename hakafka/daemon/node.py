@@ -140,6 +140,7 @@ class Daemon:
                 forward=self._forward,
                 limits=limits,
                 tls=tls,
+                observe=self.metrics.observe_query,
             )
         with _listening("server.http", str(http_ep)):
             self.http = HttpQueryServer(
@@ -158,6 +159,7 @@ class Daemon:
                 forward=self._forward,
                 limits=limits,
                 tls=tls,
+                observe=self.metrics.observe_query,
             )
         self.coordinator = Coordinator(
             zk_config(config), config.node, node_info(config, self.http.port, self.flight.port)

@@ -311,3 +311,36 @@ def test_flight_forward_answers_elsewhere(engine: SqlEngine) -> None:
         assert answers == []
     finally:
         server.shutdown()
+
+
+def test_both_servers_report_each_query_with_its_protocol_result_and_time(
+    engine: SqlEngine,
+) -> None:
+    # What the daemon counts in hakafka_queries_total and hakafka_query_seconds.
+    heard: list[tuple[str, str, float]] = []
+
+    def observe(protocol: str, result: str, seconds: float) -> None:
+        heard.append((protocol, result, seconds))
+
+    http = HttpQueryServer(engine, token=TOKEN, observe=observe)
+    http.start()
+    flight = FlightQueryServer(engine, token=TOKEN, observe=observe)
+    try:
+        assert http_get(f"{http.url}/query?sql={quote(GROUP_SQL)}")[0] == 200
+        assert http_get(f"{http.url}/query?sql={quote('SELECT nope FROM events')}")[0] == 400
+        assert http_get(f"{http.url}/query?sql=SELECT%201", token="wrong")[0] == 401
+        client = fl.connect(flight.location)
+        client.do_get(fl.Ticket(GROUP_SQL.encode()), auth_options()).read_all()
+        with pytest.raises(fl.FlightServerError):
+            client.do_get(fl.Ticket(b"SELECT nope FROM events"), auth_options()).read_all()
+        client.close()
+    finally:
+        http.close()
+        flight.shutdown()
+    assert [(protocol, result) for protocol, result, _ in heard] == [
+        ("http", "ok"),
+        ("http", "query_error"),  # a refused token is not a query: not counted
+        ("flight", "ok"),
+        ("flight", "query_error"),
+    ]
+    assert all(0 < seconds < 30 for _, _, seconds in heard)
