@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from buffer import Catalog, MemoryTable, OffsetRange, SqlEngine
 from hakafka.consumer import (
     DecodeOptions,
     Format,
@@ -340,3 +341,26 @@ def test_ipv6_decodes_to_the_text_clickhouse_prints() -> None:
     rows, dead = decode([json.dumps({"ip": ip}) for ip in [*written, "fe80::1%eth0"]], schema)
     assert [r["ip"] for r in rows] == list(written.values())
     assert dead == {7: "column 'ip': 'fe80::1%eth0' is not an IPv6 address"}
+
+
+def test_the_query_buffer_takes_the_new_types_and_sql_reads_inside_them() -> None:
+    schema = PipelineSchema.of(TYPES)
+    decoded = make_decoder(Format.JSON, schema).decode_columns(
+        columns([json.dumps(record(i)) for i in range(3)])
+    )
+    table = MemoryTable("typed", schema.arrow_schema(), limit_bytes=1 << 20)
+    table.append(decoded.rows, {k: OffsetRange(*v) for k, v in decoded.ranges.items()})
+    catalog = Catalog()
+    catalog.add(table)
+    engine = SqlEngine(catalog)
+    try:
+        result = engine.query(
+            "SELECT u, m['k'] AS k, tn.b AS b, tu['1'] AS t1, n[2].b AS nb, fs, "
+            "json_extract(j, '$.x.y[1]')::INT AS y FROM typed ORDER BY _offset"
+        )
+    finally:
+        engine.close()
+    assert result.to_pylist() == [
+        {"u": UUID, "k": i, "b": "s", "t1": i, "nb": None, "fs": b"ab\0\0", "y": 2}
+        for i in range(3)
+    ]
