@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -170,3 +171,29 @@ def registry(tmp_path: Path) -> Iterator[SchemaRegistryService]:
     """A schema registry process of the dev stack for one test (state under tmp_path)."""
     with running(SchemaRegistryService(tmp_path / "schema_registry")) as service:
         yield service
+
+
+def produce_values(
+    bootstrap: str, topic: str, values: Sequence[bytes], partitions: int
+) -> list[tuple[int, int]]:
+    """Produce `values` round-robin over `partitions`; the (partition, offset) of each, in
+    the order of `values` (from the broker's delivery reports)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    where: list[tuple[int, int] | None] = [None] * len(values)
+
+    def delivered(i: int) -> Callable[[Any, Any], None]:
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                raise RuntimeError(f"delivery failed: {err}")
+            where[i] = (msg.partition(), msg.offset())
+
+        return report
+
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, partition=i % partitions, on_delivery=delivered(i))
+        if i % 1000 == 0:
+            producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError("records still undelivered after 60 s")
+    assert all(w is not None for w in where)
+    return [w for w in where if w is not None]

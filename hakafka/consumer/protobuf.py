@@ -7,8 +7,9 @@ means the first message). The writer schema is fetched as a serialized FileDescr
 the well-known types come from the protobuf package. Each (schema id, index path) becomes a
 message class of its own descriptor pool, built once per term.
 
-Each message is parsed by the class's C parser (upb); columns are then read field by field
-and built with one `pa.array` call per column and batch. A field with presence (a message,
+Each message is parsed by the class's C parser (upb); each column is then read over the
+batch's messages with C-level getters (`map(attrgetter)`, presence with `methodcaller
+("HasField")`, timestamps and enum names with numpy) and built with one `pa.array` call. A field with presence (a message,
 `optional`, a wrapper such as `google.protobuf.Int64Value`) unset is null; a proto3 scalar
 without presence is its value (0, "" when unset). Enums go into String columns by name and
 into integer columns by number; `google.protobuf.Timestamp` into DateTime/DateTime64.
@@ -17,10 +18,13 @@ into integer columns by number; `google.protobuf.Timestamp` into DateTime/DateTi
 from __future__ import annotations
 
 import base64
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter, methodcaller
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -106,28 +110,77 @@ def _fits(kind: str, target: pa.DataType) -> bool:
     return fits(kind, target)
 
 
-def _getter(fd: FieldDescriptor, target: pa.DataType) -> Callable[[Any], Any]:
-    """Reads one column's value (None: null) from a parsed message."""
+Column = Callable[[list[Any]], pa.Array]
+
+
+def _column(fd: FieldDescriptor, target: pa.DataType) -> Column:
+    """Reads one column from parsed messages: `map` with C-level getters (attrgetter,
+    methodcaller), numpy for timestamps and enum names, one `pa.array` per batch."""
     name = fd.name
-    scalar = target.value_type if pa.types.is_list(target) else target
-    convert: Callable[[Any], Any] | None = None
-    if fd.type == _F.TYPE_ENUM and pa.types.is_string(scalar):
+    is_timestamp = fd.type == _F.TYPE_MESSAGE and fd.message_type.full_name == _TIMESTAMP
+    # Timestamps are read as microseconds, then cast to the column's unit.
+    wire = pa.timestamp("us") if is_timestamp else (target.value_type if fd.is_repeated else target)
+    if fd.is_repeated and fd.type in _SCALAR_KINDS:  # lists of plain values: no Python per row
+        plain = attrgetter(name)
+        return lambda ms: pa.array(list(map(list, map(plain, ms))), target)
+    if fd.is_repeated:  # enums, timestamps, wrappers: element by element
+        each, get = _scalar(fd, target.value_type), attrgetter(name)
+        wire_list = pa.list_(wire) if is_timestamp else target
+
+        def read_lists(messages: list[Any]) -> pa.Array:
+            rows = [each(list(v)) for v in map(get, messages)]
+            lists = [r.to_pylist() if isinstance(r, pa.Array) else r for r in rows]
+            array = pa.array(lists, wire_list)
+            return array if wire_list == target else array.cast(target, safe=False)
+
+        return read_lists
+    has = methodcaller("HasField", name) if fd.has_presence else None
+    values = _scalar(fd, target)
+
+    def read(messages: list[Any]) -> pa.Array:
+        mask = None
+        if has is not None:
+            present = np.fromiter(map(has, messages), bool, len(messages))
+            mask = None if present.all() else ~present
+        array = values(messages)
+        array = pa.array(array, wire, mask=mask) if mask is not None else pa.array(array, wire)
+        return array if wire == target else array.cast(target, safe=False)
+
+    return read
+
+
+def _scalar(fd: FieldDescriptor, target: pa.DataType) -> Callable[[list[Any]], Any]:
+    """Values of field `fd` (unset: its default) of each message, or of each element of a
+    repeated field, as something `pa.array` takes."""
+    if fd.type == _F.TYPE_ENUM and pa.types.is_string(target):
         names = {v.number: v.name for v in fd.enum_type.values}
-        convert = lambda n: names.get(n, str(n))  # noqa: E731 - an unknown number as text
-    elif fd.type == _F.TYPE_MESSAGE and fd.message_type.full_name == _TIMESTAMP:
-        convert = lambda ts: ts.seconds * 1_000_000 + ts.nanos // 1000  # noqa: E731
-    elif fd.type == _F.TYPE_MESSAGE:
-        convert = lambda wrapper: wrapper.value  # noqa: E731
+
+        def enum_names(items: list[Any]) -> pa.Array:
+            numbers = np.fromiter(map(_field(fd), items), np.int64, len(items))
+            distinct, which = np.unique(numbers, return_inverse=True)
+            # A number the schema does not name (a newer writer's value) is kept as text.
+            labels = pa.array([names.get(int(n), str(int(n))) for n in distinct], pa.string())
+            return labels.take(pa.array(which))
+
+        return enum_names
+    if fd.type == _F.TYPE_MESSAGE and fd.message_type.full_name == _TIMESTAMP:
+        seconds, nanos = _field(fd, "seconds"), _field(fd, "nanos")
+
+        def micros(items: list[Any]) -> np.ndarray:
+            whole = np.fromiter(map(seconds, items), np.int64, len(items))
+            return whole * 1_000_000 + np.fromiter(map(nanos, items), np.int64, len(items)) // 1000
+
+        return micros
+    get = _field(fd, "value") if fd.type == _F.TYPE_MESSAGE else _field(fd)  # a wrapper
+    return lambda items: list(map(get, items))
+
+
+def _field(fd: FieldDescriptor, inner: str = "") -> Callable[[Any], Any]:
+    """A getter of field `fd` of a message (`inner`: of its sub-message), or of an element
+    itself when `fd` is repeated (the elements are the values)."""
     if fd.is_repeated:
-        each = convert or (lambda v: v)
-        return lambda m: [each(v) for v in getattr(m, name)]
-    if fd.has_presence:
-        if convert is None:
-            return lambda m: getattr(m, name) if m.HasField(name) else None
-        return lambda m: convert(getattr(m, name)) if m.HasField(name) else None
-    if convert is None:
-        return lambda m: getattr(m, name)
-    return lambda m: convert(getattr(m, name))
+        return attrgetter(inner) if inner else (lambda v: v)
+    return attrgetter(f"{fd.name}.{inner}" if inner else fd.name)
 
 
 @dataclass
@@ -139,7 +192,7 @@ class ProtobufWriter:
     ch_types: dict[str, str]
     message: Descriptor | None = None
     problem: str | None = None
-    _columns: list[tuple[str, Callable[[Any], Any], pa.DataType]] = field(default_factory=list)
+    _columns: list[tuple[str, Column]] = field(default_factory=list)
     _parse: Callable[[bytes], Any] | None = None
 
     def __post_init__(self) -> None:
@@ -157,9 +210,8 @@ class ProtobufWriter:
                 self.problem = self.problem or mismatch(
                     self.where, column.name, kind, column.name, self.ch_types[column.name]
                 )
-            # Timestamps are read as microseconds, then cast to the column's unit.
-            wire_type = pa.timestamp("us") if kind == "timestamp" else column.type
-            self._columns.append((column.name, _getter(fd, column.type), wire_type))
+            else:
+                self._columns.append((column.name, _column(fd, column.type)))
         self._parse = message_factory.GetMessageClass(self.message).FromString
 
     def read(self, bodies: list[bytes]) -> pa.Table:
@@ -167,10 +219,8 @@ class ProtobufWriter:
         parse = self._parse
         messages = [parse(body) for body in bodies]
         arrays: dict[str, pa.Array] = {}
-        for name, get, wire_type in self._columns:
-            array = pa.array([get(m) for m in messages], wire_type)
-            target = self.declared.field(name).type
-            arrays[name] = array if wire_type == target else array.cast(target, safe=False)
+        for name, read in self._columns:
+            arrays[name] = read(messages)
         arrays.update(null_columns(self.declared, list(arrays), len(bodies)))
         return pa.Table.from_arrays(
             [arrays[name] for name in self.declared.names], schema=self.declared
@@ -230,7 +280,7 @@ class ProtobufDecoder(WriterDecoder):
             for p in positions:
                 value = values[p]
                 path: tuple[int, ...]
-                if value[HEADER_BYTES] == 0:  # the common case: the first message type
+                if value[HEADER_BYTES : HEADER_BYTES + 1] == b"\x00":  # the first message type
                     path, start = (0,), HEADER_BYTES + 1
                 else:
                     try:
@@ -261,7 +311,7 @@ class ProtobufDecoder(WriterDecoder):
         pool = descriptor_pool.DescriptorPool()
         try:
             self._add(pool, found, f"schema-{found.schema_id}.proto", set())
-        except (ValueError, TypeError, ConsumerError) as exc:
+        except (ValueError, TypeError, KeyError, ConsumerError) as exc:
             return f"{where} is not a usable Protobuf schema: {exc}"
         return pool
 
@@ -283,11 +333,8 @@ class ProtobufDecoder(WriterDecoder):
             if dep in refs:
                 ref = self._registry.version(*refs[dep], fmt="serialized")
                 self._add(pool, ref, dep, added)
-            else:  # a well-known type (google/protobuf/...), known to the protobuf package
-                known = descriptor_pool.Default().FindFileByName(dep)
-                dep_proto = descriptor_pb2.FileDescriptorProto()
-                known.CopyToProto(dep_proto)
-                pool.Add(dep_proto)
+            else:
+                pool.Add(_well_known(dep))
         pool.Add(proto)
 
     def _writer(
@@ -313,6 +360,19 @@ class ProtobufDecoder(WriterDecoder):
                 )
         self._writers[key] = writer
         return writer
+
+
+def _well_known(name: str) -> descriptor_pb2.FileDescriptorProto:
+    """The descriptor of an import that is no reference: a well-known type of the protobuf
+    package (`google/protobuf/timestamp.proto` is module `google.protobuf.timestamp_pb2`)."""
+    module = name.removeprefix("google/protobuf/").removesuffix(".proto")
+    if not name.startswith("google/protobuf/") or not module.isidentifier():
+        raise ConsumerError(f"imports {name}, which is neither a reference nor a well-known type")
+    try:
+        known = importlib.import_module(f"google.protobuf.{module}_pb2")
+    except ImportError:
+        raise ConsumerError(f"imports {name}, unknown to the protobuf package") from None
+    return descriptor_pb2.FileDescriptorProto.FromString(known.DESCRIPTOR.serialized_pb)
 
 
 def _message_at(file: Any, path: tuple[int, ...]) -> Descriptor:

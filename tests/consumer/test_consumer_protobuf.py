@@ -3,11 +3,13 @@ classes built from the registry's descriptors; confluent-kafka's serializer prod
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from typing import Any
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from google.protobuf import descriptor_pb2
 
 from devstack.schema_registry import SchemaRegistryService
 from hakafka.consumer import Format, PipelineSchema, make_decoder
@@ -75,6 +77,7 @@ def test_bad_inputs_are_dead_letters_with_their_reason(registry: SchemaRegistryS
         b"\x00\x00\x00\x00\x2a" + ok[5:],  # schema id 42: unknown
         ok[:6] + b"\xff\xff\xff",  # not a protobuf message
         b"\x00\x00\x00\x00\x01\x02\x0a",  # index path [5]: no such message type
+        b"\x00\x00\x00\x00\x01",  # the header and nothing else
         good(5),
     ]
     batch = decode(decoder(registry), values)
@@ -84,7 +87,8 @@ def test_bad_inputs_are_dead_letters_with_their_reason(registry: SchemaRegistryS
     assert found[2] == "unknown schema id 42: the schema registry has no such schema"
     assert "Error parsing message with type 'hakafka.test.Event'" in found[3]
     assert found[4] == "writer schema 1 message [5] does not exist"
-    assert len(found) == 4
+    assert found[5] == "schema id 1: message-index array cut short"
+    assert len(found) == 5
 
 
 def test_a_writer_that_does_not_fit_and_an_avro_id_are_dead_letters(
@@ -115,3 +119,20 @@ def test_a_registry_that_cannot_answer_raises_and_decides_nothing(
         decode(fresh, values)
     registry.start()
     assert decode(fresh, values).good == 3
+
+
+def test_a_schema_whose_imports_cannot_be_resolved_dead_letters_its_messages(
+    registry: SchemaRegistryService,
+) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    proto = descriptor_pb2.FileDescriptorProto(name="x.proto", package="x", syntax="proto3")
+    proto.dependency.append("other/lib.proto")  # neither a reference nor a well-known type
+    proto.message_type.add(name="M")
+    text = base64.b64encode(proto.SerializeToString()).decode()
+    schema_id = client.register_schema("x-value", Schema(text, "PROTOBUF"))
+    value = b"\x00" + schema_id.to_bytes(4, "big") + b"\x00"
+    batch = decode(decoder(registry), [value])
+    assert errors(batch) == {
+        0: f"writer schema {schema_id} is not a usable Protobuf schema: imports "
+        "other/lib.proto, which is neither a reference nor a well-known type"
+    }
