@@ -118,7 +118,7 @@ def test_every_new_type_round_trips_from_json_through_clickhouse_and_read_table(
 ) -> None:
     prepare_session(spark)
     schema = PipelineSchema.of(list(TYPES.items()))
-    values = [json.dumps(message(i)).encode() for i in range(60)]
+    values: list[bytes | None] = [json.dumps(message(i)).encode() for i in range(60)]
     n = len(values)
     decoded = make_decoder(Format.JSON, schema).decode_columns(
         MessageColumns(["t"] * n, [0] * n, list(range(n)), [0] * n, [None] * n, values)
