@@ -9,10 +9,11 @@ message class of its own descriptor pool, built once per term.
 
 Each message is parsed by the class's C parser (upb); each column is then read over the
 batch's messages with C-level getters (`map(attrgetter)`, presence with `methodcaller
-("HasField")`, timestamps and enum names with numpy) and built with one `pa.array` call. A field with presence (a message,
-`optional`, a wrapper such as `google.protobuf.Int64Value`) unset is null; a proto3 scalar
-without presence is its value (0, "" when unset). Enums go into String columns by name and
-into integer columns by number; `google.protobuf.Timestamp` into DateTime/DateTime64.
+("HasField")`, timestamps and enum names with numpy) and built with one `pa.array` call.
+A field with presence (a message, `optional`, a wrapper such as `google.protobuf.Int64Value`)
+unset is null; a proto3 scalar without presence is its value (0, "" when unset). Enums go
+into String columns by name and into integer columns by number; `google.protobuf.Timestamp`
+into DateTime/DateTime64.
 """
 
 from __future__ import annotations
