@@ -181,6 +181,8 @@ class ZooKeeperConfig:
 class KafkaConfig:
     bootstrap: str
     out_of_range: OutOfRange = OutOfRange.FAIL
+    # Mirror each checkpoint to the pipeline's consumer group (visibility only).
+    commit_offsets: bool = True
     settings: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
@@ -304,6 +306,7 @@ class PipelineConfig:
     on_error: OnError = OnError.DEAD_LETTER
     max_message_bytes: int = DecodeOptions.max_message_bytes
     dead_letter_bytes: int = DecodeOptions.dead_letter_bytes
+    consumer_group: str = ""  # where checkpoints are mirrored; "" is hakafka.<name>
     transform: str = _checked("", _transform_problem)
     partitions: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     buffer: PipelineBufferConfig = PipelineBufferConfig()
@@ -312,6 +315,11 @@ class PipelineConfig:
     @property
     def dead_letter_table(self) -> str:
         return f"{self.table}_dead_letter"
+
+    @property
+    def group(self) -> str:
+        """The Kafka consumer group that shows this pipeline's checkpoints."""
+        return self.consumer_group or f"hakafka.{self.name}"
 
 
 @dataclass(frozen=True, kw_only=True)

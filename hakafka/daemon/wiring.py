@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from buffer import Catalog
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import PartitionConsumer, PipelineSchema
+from hakafka.consumer.group_offsets import GroupOffsets
 from hakafka.coordination import Coordinator, Leadership
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
@@ -112,6 +113,9 @@ class PipelineFactory:
                 interval_ms=w.interval_ms,
             )
 
+        def mirror() -> GroupOffsets:
+            return GroupOffsets(kafka.bootstrap, pipeline.topic, pipeline.group, kafka.settings)
+
         def replicas() -> tuple[Replica, ...]:
             return shard_replicas(
                 config, shard, lambda r: self.coordinator.writable_replicas(shard, r)
@@ -130,4 +134,5 @@ class PipelineFactory:
             sink=p.sink,
             fenced=fenced,
             replicas=replicas,
+            mirror=mirror if kafka.commit_offsets else None,
         )

@@ -28,7 +28,7 @@ from hakafka.pipeline.blockplan import (
 )
 from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
-from hakafka.pipeline.parts import PipelineParts, Wal
+from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
 from hakafka.pipeline.state import Flush, PipelineState, PipelineStopped
 from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
@@ -69,6 +69,7 @@ class FlushLane:
     pending: PendingReflush | None = None
     failing_since: float | None = None  # monotonic time of the first failed attempt in a row
     drained: bool = False  # set once a draining pipeline committed everything it held
+    mirror: OffsetsMirror | None = None  # this term's, built when the thread starts
 
     def run(self) -> None:
         """Seal and flush whenever the thresholds say so, until the pipeline stops. A flush
@@ -76,6 +77,7 @@ class FlushLane:
         lane = self.lane
         signals = lane.signals
         try:
+            self.mirror = self.parts.mirror() if self.parts.mirror is not None else None
             self._retry(
                 "tables", None, lambda: self.parts.sink.ensure_tables(self.parts.replicas())
             )
@@ -116,6 +118,8 @@ class FlushLane:
         finally:
             self.failing_since = None  # a lane that ended makes no progress to wait for
             signals.beats_end()
+            if self.mirror is not None:
+                self.mirror.close()
 
     def _reflush(self, pending: PendingReflush) -> None:
         """Flush exactly the pending ranges again, with the same block id (same tokens)."""
@@ -195,6 +199,8 @@ class FlushLane:
             committed = self.parts.fenced.commit_checkpoint(name, {topic: ends})
             self.checkpoint = {int(p): int(o) for p, o in committed.get(topic, {}).items()}
             lane.crash.hit("flush.after_checkpoint")
+            if self.mirror is not None:
+                self.mirror.publish(self.checkpoint)
             lane.buffer.commit(block)
             signals.note_commit()
             self._truncate_wal()

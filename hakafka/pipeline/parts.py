@@ -126,6 +126,15 @@ class Fenced(Protocol):
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint: ...
 
 
+class OffsetsMirror(Protocol):
+    """Shows each committed checkpoint elsewhere, for visibility only (a Kafka consumer
+    group: `hakafka.consumer.GroupOffsets`); best effort, it never raises."""
+
+    def publish(self, offsets: Mapping[int, int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class PipelineParts:
     """Everything outside the process a leader touches, handed in by the daemon."""
@@ -138,3 +147,5 @@ class PipelineParts:
     fenced: Fenced
     replicas: Callable[[], tuple[Replica, ...]]
     """The shard's ClickHouse replicas, asked again before each flush (replacements change)."""
+    mirror: Callable[[], OffsetsMirror] | None = None
+    """Builds the term's checkpoint mirror (on the flush thread's start); None: none."""

@@ -9,6 +9,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka.admin import AdminClient
 
 from devstack.cluster import LocalCluster
 from devstack.process import wait_until
@@ -29,6 +31,13 @@ def offsets_in(client: Any) -> Counter[tuple[int, int]]:
     """How many times each (partition, offset) is in the `events` table."""
     rows = client.query("SELECT _partition, _offset FROM events").result_rows
     return Counter((int(p), int(o)) for p, o in rows)
+
+
+def group_offsets(bootstrap: str, group: str) -> dict[int, int]:
+    """What the Kafka consumer group `group` has committed, by partition."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
+    return {tp.partition: tp.offset for tp in future.result(timeout=15).topic_partitions}
 
 
 def run(*args: str) -> Run:
@@ -56,6 +65,12 @@ def test_pause_failover_offsets_and_pending_drop_under_load(
         lambda: set(offsets_in(ch_client)) == produced.good,
         timeout=120,
         what="the first 4000 rows in ClickHouse",
+    )
+    # Each checkpoint is mirrored to the consumer group hakafka.events (for Kafka's tools).
+    wait_until(
+        lambda: group_offsets(stack.kafka, "hakafka.events") == dict.fromkeys(range(4), 1000),
+        timeout=30,
+        what="the checkpoints in the consumer group",
     )
 
     # Paused, shard 0 stops; shard 1 goes on. A failover does not resume it.

@@ -353,6 +353,20 @@ class Refetches:
 
 
 @dataclass
+class FakeMirror:
+    """Records the checkpoints a pipeline mirrors (to a Kafka consumer group in the daemon)."""
+
+    published: list[dict[int, int]] = field(default_factory=list)
+    closed: bool = False
+
+    def publish(self, offsets: Mapping[int, int]) -> None:
+        self.published.append(dict(offsets))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
 class Harness:
     """One leader's parts; `leader()` builds a leader of the current term over them."""
 
@@ -364,6 +378,7 @@ class Harness:
     catalog: Catalog = field(default_factory=Catalog)
     crash: CrashPlan = field(default_factory=lambda: CrashPlan(None))
     consumers: list[FakeConsumer] = field(default_factory=list)
+    mirror: FakeMirror = field(default_factory=FakeMirror)
     refetch: Refetches | None = None
     wal_dir_name: str = "wal"
     shard: int = 0
@@ -396,6 +411,7 @@ class Harness:
                 sink=self.sink,
                 fenced=self.fenced,
                 replicas=lambda: (),
+                mirror=lambda: self.mirror,
             ),
             assignment=shard_assignment(self.config, self.pipeline, self.shard),
             rows_per_task=self.config.spark.rows_per_task,

@@ -7,6 +7,7 @@ checkpoint at the exact end offsets, nothing committed by a leader whose term is
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -75,11 +76,15 @@ def test_consumes_flushes_and_commits_every_offset_once(
     assert h.fenced.pending is None
     assert leader.status.checkpoint == {0: 250, 1: 130}
     assert leader.lag() == {0: 0, 1: 0}
-    assert [t.name for t in h.catalog.snapshots()] == ["events", "events_dead_letter"]
+    # Each committed checkpoint is mirrored (to the Kafka consumer group), in order.
+    assert h.mirror.published[-1] == {0: 250, 1: 130}
+    for earlier, later in itertools.pairwise(h.mirror.published):
+        assert all(later[p] >= o for p, o in earlier.items())
+    assert h.catalog.names() == ["events", "events_dead_letter"]
     assert leader.stop(1.0)
     assert leader.status.state is PipelineState.STOPPED
-    assert h.consumers[0].closed
-    assert h.catalog.snapshots() == []
+    assert h.consumers[0].closed and h.mirror.closed
+    assert h.catalog.names() == []
 
 
 def test_next_leader_reflushes_pending_from_its_wal_with_the_same_block_id(
@@ -149,7 +154,7 @@ def test_stop_abandons_a_flush_that_outlasts_the_grace(
     h.sink.gate.set()
     wait_for(lambda: not leader.running, "the pipeline thread to end")
     # The insert may land (it is idempotent) but the abandoned block is never committed.
-    wait_for(lambda: h.catalog.snapshots() == [], "both threads to end")
+    wait_for(lambda: h.catalog.names() == [], "both threads to end")
     assert h.sink.attempts == 1 and bool(h.sink.rows)
     assert h.fenced.commits == 0
     assert h.fenced.pending is not None
@@ -240,15 +245,13 @@ def test_a_pipeline_that_cannot_start_fails_and_stops_cleanly(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
     h = Harness(tmp_path, pipeline_config(), Topic(partitions=1))
-    start(h, leaders)  # holds `events`
+    start(h, leaders)  # holds shard 0's part of `events`
     h.wal_dir_name = "wal-2"
-    start(h, leaders)  # holds `events_shard0`
-    h.wal_dir_name = "wal-3"
-    third = start(h, leaders)
-    assert third.status.state is PipelineState.FAILED
-    assert "already in the catalog" in (third.status.error or "")
-    assert third.status.restartable and not third.running
-    assert third.stop(0.0)  # a never-started pipeline stops without raising
+    second = start(h, leaders)
+    assert second.status.state is PipelineState.FAILED
+    assert "'events' of shard 0 is already in the catalog" in (second.status.error or "")
+    assert second.status.restartable and not second.running
+    assert second.stop(0.0)  # a never-started pipeline stops without raising
 
 
 def test_a_commit_between_buffer_full_and_the_wait_is_not_lost(tmp_path: Path) -> None:
