@@ -36,14 +36,15 @@ from hakafka.consumer.registry import (
     unknown_id,
     wire_headers,
 )
-from hakafka.consumer.schema import PipelineSchema
+from hakafka.consumer.schema import ColumnSpec, PipelineSchema
 from hakafka.consumer.wire import (
+    ColumnPlan,
     WriterDecoder,
     WriterGroup,
-    fits,
     mismatch,
     missing,
-    null_columns,
+    plan_column,
+    table_of,
 )
 
 _PRIMITIVE_KINDS = {
@@ -107,10 +108,10 @@ class AvroWriter:
 
     where: str  # "writer schema 7", "schema_file x.avsc": named in every reason
     parsed: dict[str, Any]
+    columns: tuple[ColumnSpec, ...]
     declared: pa.Schema
-    ch_types: dict[str, str]  # column -> ClickHouse type, for the reasons
     problem: str | None = None
-    _fields: list[str] = field(default_factory=list)  # declared columns the writer has
+    _plans: dict[str, ColumnPlan] = field(default_factory=dict)  # the columns the writer has
     _header: bytes = b""
     _sync: bytes = b""
 
@@ -120,30 +121,34 @@ class AvroWriter:
         named: dict[str, Any] = {}
         _collect_named(self.parsed, named)
         by_name = {f["name"]: f["type"] for f in self.parsed.get("fields", ())}
-        for column in self.declared:
+        for column in self.columns:
             if column.name not in by_name:
-                if not column.nullable:
+                if column.is_required:
                     self.problem = self.problem or missing(self.where, column.name)
                 continue
             kind = _kind(by_name[column.name], named)[0]
-            if not fits(kind, column.type):
+            plan = plan_column(kind, column.mapped)
+            if plan is None:
                 self.problem = self.problem or mismatch(
-                    self.where, column.name, kind, column.name, self.ch_types[column.name]
+                    self.where, column.name, kind, column.name, column.clickhouse_type
                 )
-            self._fields.append(column.name)
+            else:
+                self._plans[column.name] = plan
         self._sync = os.urandom(16)
         header = io.BytesIO()
         fastavro.writer(header, self.parsed, [], sync_marker=self._sync)
         self._header = header.getvalue()
 
+    @property
+    def converted(self) -> frozenset[str]:
+        return frozenset(name for name, plan in self._plans.items() if plan.convert)
+
     def read(self, bodies: list[bytes]) -> pa.Table:
         records = self._one(bodies[0]) if len(bodies) == 1 else self._block(bodies)
-        struct = pa.array(records, pa.struct([self.declared.field(name) for name in self._fields]))
-        arrays = {name: struct.field(i) for i, name in enumerate(self._fields)}
-        arrays.update(null_columns(self.declared, self._fields, len(bodies)))
-        return pa.Table.from_arrays(
-            [arrays[name] for name in self.declared.names], schema=self.declared
-        )
+        fields = [pa.field(name, plan.build) for name, plan in self._plans.items()]
+        struct = pa.array(records, pa.struct(fields))
+        arrays = {name: struct.field(i) for i, name in enumerate(self._plans)}
+        return table_of(self.declared, arrays, len(bodies))
 
     def _one(self, body: bytes) -> list[Any]:
         reader = io.BytesIO(body)
@@ -185,11 +190,26 @@ def _collect_named(avro_type: Any, named: dict[str, Any]) -> None:
                 _collect_named(avro_type[key], named)
 
 
+def _uuid_as_string(avro_type: Any) -> Any:
+    """The schema with logicalType uuid dropped: fastavro then reads such strings as `str`
+    (not `uuid.UUID`), which the UUID column's check takes."""
+    if isinstance(avro_type, list):
+        return [_uuid_as_string(t) for t in avro_type]
+    if isinstance(avro_type, dict):
+        kept = {
+            k: v
+            for k, v in avro_type.items()
+            if avro_type.get("logicalType") != "uuid" or k != "logicalType"
+        }
+        return {k: _uuid_as_string(v) for k, v in kept.items()}
+    return avro_type
+
+
 def parse_avro_schema(text: str, where: str) -> dict[str, Any]:
     """A writer schema parsed by fastavro; SchemaError naming `where` if it is not a valid
     Avro record schema."""
     try:
-        parsed = fastavro.parse_schema(json.loads(text))
+        parsed = fastavro.parse_schema(_uuid_as_string(json.loads(text)))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise SchemaError(f"{where} is not a valid Avro schema: {exc}") from None
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
@@ -213,7 +233,6 @@ class AvroDecoder(WriterDecoder):
         if (registry is None) == (schema_file is None):
             raise SchemaError("format 'avro' needs either a schema registry or a schema_file")
         self._registry = registry
-        self._ch_types = {c.name: c.clickhouse_type for c in schema.columns}
         self._writers: dict[int, AvroWriter | None] = {}  # schema id -> writer (None: unknown)
         self._file: AvroWriter | None = None
         if schema_file is not None:
@@ -252,9 +271,9 @@ class AvroDecoder(WriterDecoder):
                     raise SchemaError(f"{where} is {found.schema_type}, not Avro")
                 writer = self._checked(where, parse_avro_schema(found.text, where))
             except SchemaError as exc:  # no record of it can fit: each is a dead letter
-                writer = AvroWriter(where, {}, self._declared, self._ch_types, problem=str(exc))
+                writer = AvroWriter(where, {}, (), self._declared, problem=str(exc))
         self._writers[schema_id] = writer
         return writer
 
     def _checked(self, where: str, parsed: dict[str, Any]) -> AvroWriter:
-        return AvroWriter(where, parsed, self._declared, self._ch_types)
+        return AvroWriter(where, parsed, self.schema.columns, self._declared)

@@ -13,7 +13,8 @@ batch's messages with C-level getters (`map(attrgetter)`, presence with `methodc
 A field with presence (a message, `optional`, a wrapper such as `google.protobuf.Int64Value`)
 unset is null; a proto3 scalar without presence is its value (0, "" when unset). Enums go
 into String columns by name and into integer columns by number; `google.protobuf.Timestamp`
-into DateTime/DateTime64.
+into DateTime/DateTime64; `map<K, V>` with scalar values into Map. Other message fields
+(Tuple columns) are not read from Protobuf: such a column refuses the writer.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ from hakafka.consumer.registry import (
     unknown_id,
     wire_headers,
 )
-from hakafka.consumer.schema import PipelineSchema
+from hakafka.consumer.schema import ColumnSpec, PipelineSchema
 from hakafka.consumer.wire import (
     WriterDecoder,
     WriterGroup,
-    fits,
     mismatch,
     missing,
-    null_columns,
+    plan_column,
+    table_of,
 )
 
 _F = FieldDescriptor
@@ -94,6 +95,8 @@ def _kind(fd: FieldDescriptor) -> str:
     """The `wire.fits` kind of a field (enums: "enum", by name or number)."""
     if fd.type == _F.TYPE_ENUM:
         kind = "enum"
+    elif _is_scalar_map(fd):
+        return "map"
     elif fd.type == _F.TYPE_MESSAGE:
         name = fd.message_type.full_name
         kind = "timestamp" if name == _TIMESTAMP else _WRAPPERS.get(name, "record")
@@ -102,13 +105,14 @@ def _kind(fd: FieldDescriptor) -> str:
     return f"array:{kind}" if fd.is_repeated else kind
 
 
-def _fits(kind: str, target: pa.DataType) -> bool:
-    if kind.endswith("enum"):
-        scalar = target.value_type if pa.types.is_list(target) else target
-        return kind.startswith("array:") == pa.types.is_list(target) and bool(
-            pa.types.is_string(scalar) or pa.types.is_integer(scalar)
-        )
-    return fits(kind, target)
+def _is_scalar_map(fd: FieldDescriptor) -> bool:
+    """A `map<K, V>` field whose values are scalars (read as a dict per message)."""
+    entry = fd.message_type if fd.type == _F.TYPE_MESSAGE else None
+    return bool(
+        entry is not None
+        and entry.GetOptions().map_entry
+        and entry.fields_by_name["value"].type in _SCALAR_KINDS
+    )
 
 
 Column = Callable[[list[Any]], pa.Array]
@@ -119,6 +123,9 @@ def _column(fd: FieldDescriptor, target: pa.DataType) -> Column:
     methodcaller), numpy for timestamps and enum names, one `pa.array` per batch."""
     name = fd.name
     is_timestamp = fd.type == _F.TYPE_MESSAGE and fd.message_type.full_name == _TIMESTAMP
+    if _is_scalar_map(fd):
+        entries = attrgetter(name)
+        return lambda ms: pa.array(list(map(dict, map(entries, ms))), target)
     # Timestamps are read as microseconds, then cast to the column's unit.
     wire = pa.timestamp("us") if is_timestamp else (target.value_type if fd.is_repeated else target)
     if fd.is_repeated and fd.type in _SCALAR_KINDS:  # lists of plain values: no Python per row
@@ -189,43 +196,45 @@ class ProtobufWriter:
     """One message type of one writer schema, checked against the columns."""
 
     where: str
+    columns: tuple[ColumnSpec, ...]
     declared: pa.Schema
-    ch_types: dict[str, str]
     message: Descriptor | None = None
     problem: str | None = None
-    _columns: list[tuple[str, Column]] = field(default_factory=list)
+    _readers: dict[str, Column] = field(default_factory=dict)
+    _converted: set[str] = field(default_factory=set)
     _parse: Callable[[bytes], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.problem is not None or self.message is None:
             return
         fields = self.message.fields_by_name
-        for column in self.declared:
+        for column in self.columns:
             fd = fields.get(column.name)
             if fd is None:
-                if not column.nullable:
+                if column.is_required:
                     self.problem = self.problem or missing(self.where, column.name)
                 continue
             kind = _kind(fd)
-            if not _fits(kind, column.type):
+            plan = plan_column(kind, column.mapped)
+            if plan is None:
                 self.problem = self.problem or mismatch(
-                    self.where, column.name, kind, column.name, self.ch_types[column.name]
+                    self.where, column.name, kind, column.name, column.clickhouse_type
                 )
-            else:
-                self._columns.append((column.name, _column(fd, column.type)))
+                continue
+            self._readers[column.name] = _column(fd, plan.build)
+            if plan.convert:
+                self._converted.add(column.name)
         self._parse = message_factory.GetMessageClass(self.message).FromString
+
+    @property
+    def converted(self) -> frozenset[str]:
+        return frozenset(self._converted)
 
     def read(self, bodies: list[bytes]) -> pa.Table:
         assert self._parse is not None
-        parse = self._parse
-        messages = [parse(body) for body in bodies]
-        arrays: dict[str, pa.Array] = {}
-        for name, read in self._columns:
-            arrays[name] = read(messages)
-        arrays.update(null_columns(self.declared, list(arrays), len(bodies)))
-        return pa.Table.from_arrays(
-            [arrays[name] for name in self.declared.names], schema=self.declared
-        )
+        messages = list(map(self._parse, bodies))
+        arrays = {name: read(messages) for name, read in self._readers.items()}
+        return table_of(self.declared, arrays, len(bodies))
 
 
 def message_indexes(value: bytes) -> tuple[tuple[int, ...], int]:
@@ -265,7 +274,6 @@ class ProtobufDecoder(WriterDecoder):
     ) -> None:
         super().__init__(schema, options)
         self._registry = registry
-        self._ch_types = {c.name: c.clickhouse_type for c in schema.columns}
         self._files: dict[int, descriptor_pool.DescriptorPool | str | None] = {}
         self._writers: dict[tuple[int, tuple[int, ...]], ProtobufWriter] = {}
 
@@ -347,17 +355,17 @@ class ProtobufDecoder(WriterDecoder):
         schema_id, path = key
         where = f"writer schema {schema_id} message {list(path)}"
         if isinstance(pool, str):
-            writer = ProtobufWriter(where, self._declared, self._ch_types, problem=pool)
+            writer = ProtobufWriter(where, (), self._declared, problem=pool)
         else:
             try:
                 message = _message_at(pool.FindFileByName(f"schema-{schema_id}.proto"), path)
             except (IndexError, KeyError):
                 writer = ProtobufWriter(
-                    where, self._declared, self._ch_types, problem=f"{where} does not exist"
+                    where, (), self._declared, problem=f"{where} does not exist"
                 )
             else:
                 writer = ProtobufWriter(
-                    f"{where} ({message.full_name})", self._declared, self._ch_types, message
+                    f"{where} ({message.full_name})", self.schema.columns, self._declared, message
                 )
         self._writers[key] = writer
         return writer

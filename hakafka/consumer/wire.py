@@ -11,7 +11,13 @@ Which writer kinds a column's Arrow type takes (`fits`): Avro's promotions (int 
 float -> double; string <-> bytes), any integer into any integer column (a value out of its
 range makes that record bad), a union with null (or a Protobuf field with presence) into a
 Nullable column or a required one (a null then makes the record bad), dates and timestamps
-into Date/DateTime columns, decimals into Decimal, arrays into Array of a kind that fits.
+into Date/DateTime columns, decimals into Decimal, arrays into Array of a kind that fits,
+records into Tuple, maps into Map, arrays of records into Nested.
+
+Columns whose values the JSON engine converts and checks (UUID, IPv4/IPv6, Enum names,
+FixedString, JSON, at any depth: `ArrowType.converted`) are built in their text form and go
+through the same `_convert` (`plan_column`), so a value ClickHouse would refuse is a dead
+letter here too, never a block that cannot be inserted.
 """
 
 from __future__ import annotations
@@ -24,10 +30,17 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from hakafka.consumer.decode import DecodedBatch, DecodeOptions, _ArrowDecoder, _ChunkError
+from hakafka.consumer.decode import (
+    DecodedBatch,
+    DecodeOptions,
+    _ArrowDecoder,
+    _ChunkError,
+    _convert,
+)
+from hakafka.consumer.errors import SchemaError
 from hakafka.consumer.messages import MessageColumns
 from hakafka.consumer.registry import RegistryUnavailableError
-from hakafka.consumer.schema import PipelineSchema
+from hakafka.consumer.schema import ArrowType, Check, PipelineSchema
 
 
 class Writer(Protocol):
@@ -38,9 +51,15 @@ class Writer(Protocol):
         """Why no record of this schema fits the columns (None: they may)."""
         ...
 
+    @property
+    def converted(self) -> frozenset[str]:
+        """The columns `read` builds in their text form, for `_convert` to finish."""
+        ...
+
     def read(self, bodies: list[bytes]) -> pa.Table:
-        """The records in `bodies` (headers removed) as a table of the declared columns, one
-        row per body; ValueError (or an Arrow error) if any body is not one fitting record."""
+        """The records in `bodies` (headers removed) as a table of the declared columns (in
+        the types `plan_column` chose), one row per body; ValueError (or an Arrow error) if
+        any body is not one fitting record."""
         ...
 
 
@@ -58,6 +77,12 @@ class WriterDecoder(_ArrowDecoder):
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
         super().__init__(schema, options)
+        for column in schema.columns:
+            if column.path:
+                raise SchemaError(
+                    f"column {column.name!r}: a path ({column.path!r}) is read from JSON "
+                    "messages only; Avro and Protobuf fields map to columns by name"
+                )
         self._reading: Writer | None = None  # the group `_parse` reads, set per group
 
     @abstractmethod
@@ -95,7 +120,12 @@ class WriterDecoder(_ArrowDecoder):
         table = self._parse(joined, values)
         if table.num_rows != len(values):
             raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
-        return table
+        assert self._reading is not None
+        converted = self._reading.converted
+        for i, name, mapped in self._converts:
+            if name in converted:
+                table = table.set_column(i, name, _convert(table.column(i), mapped, name))
+        return pa.Table.from_arrays(table.columns, schema=self._declared)
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         del joined
@@ -109,8 +139,9 @@ class WriterDecoder(_ArrowDecoder):
 
 
 def fits(kind: str, target: pa.DataType) -> bool:
-    """Whether a writer field of `kind` (bool, int, float, string, bytes, date, timestamp,
-    decimal, record, map, `array:<kind>`) may go into a column of Arrow type `target`."""
+    """Whether a writer field of `kind` (bool, int, float, string, enum, bytes, date,
+    timestamp, decimal, record, map, `array:<kind>`) may go into a column of Arrow type
+    `target`."""
     if kind.startswith("array:"):
         return pa.types.is_list(target) and fits(kind.removeprefix("array:"), target.value_type)
     checks = {
@@ -118,6 +149,7 @@ def fits(kind: str, target: pa.DataType) -> bool:
         "int": (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal),
         "float": (pa.types.is_floating,),
         "string": (pa.types.is_string, pa.types.is_binary),
+        "enum": (pa.types.is_string, pa.types.is_integer),  # Protobuf: by name or number
         "bytes": (pa.types.is_binary, pa.types.is_string),
         "date": (pa.types.is_date,),
         "timestamp": (pa.types.is_timestamp,),
@@ -126,6 +158,23 @@ def fits(kind: str, target: pa.DataType) -> bool:
         "map": (pa.types.is_map,),
     }
     return any(check(target) for check in checks.get(kind, ()))
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """How a writer builds one column: in `build`, then `convert`ed as the JSON engine does."""
+
+    build: pa.DataType
+    convert: bool
+
+
+def plan_column(kind: str, mapped: ArrowType) -> ColumnPlan | None:
+    """The plan for a writer field of `kind` into a column of type `mapped`; None if it does
+    not fit. Dates come as dates (no text form); bytes into FixedString stay bytes."""
+    if kind == "date" and pa.types.is_date(mapped.arrow):
+        return ColumnPlan(mapped.arrow, False)
+    build = pa.binary() if kind == "bytes" and mapped.check is Check.FIXED_STRING else mapped.text
+    return ColumnPlan(build, mapped.converted) if fits(kind, build) else None
 
 
 def mismatch(where: str, field: str, kind: str, column: str, ch_type: str) -> str:
@@ -144,3 +193,9 @@ def missing(where: str, column: str) -> str:
 def null_columns(schema: pa.Schema, present: Sequence[str], rows: int) -> dict[str, pa.Array]:
     """All-null arrays of the declared columns a writer schema lacks (not required ones)."""
     return {f.name: pa.nulls(rows, f.type) for f in schema if f.name not in present}
+
+
+def table_of(declared: pa.Schema, arrays: dict[str, pa.Array], rows: int) -> pa.Table:
+    """The declared columns in order: `arrays` (in their plan types), nulls for the rest."""
+    arrays = {**null_columns(declared, list(arrays), rows), **arrays}
+    return pa.table([arrays[name] for name in declared.names], names=declared.names)

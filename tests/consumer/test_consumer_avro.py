@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from devstack.schema_registry import SchemaRegistryService
-from hakafka.consumer import Format, PipelineSchema, make_decoder
+from hakafka.consumer import ColumnSpec, Format, PipelineSchema, make_decoder
 from hakafka.consumer.errors import SchemaError
 from hakafka.consumer.registry import RegistrySettings, RegistryUnavailableError
 from tests.formats import (
@@ -167,3 +168,111 @@ def test_an_unusable_schema_file_or_missing_source_is_refused(tmp_path: Path) ->
         make_decoder(Format.AVRO, SCHEMA)
     with pytest.raises(SchemaError, match="'protobuf' needs a schema registry"):
         make_decoder(Format.PROTOBUF, SCHEMA)
+
+
+TYPED = {
+    "u": "UUID",
+    "ip4": "IPv4",
+    "ip6": "IPv6",
+    "kind": "Enum8('click' = 1, 'view' = 2)",
+    "fx": "FixedString(4)",
+    "m": "Map(String, Int64)",
+    "t": "Tuple(a Int64, b String)",
+    "n": "Nested(x Int64, y String)",
+    "j": "JSON",
+    "d": "Date",
+    "us": "Array(UUID)",
+}
+TYPED_WRITER = {
+    "type": "record",
+    "name": "Typed",
+    "fields": [
+        {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "ip4", "type": "string"},
+        {"name": "ip6", "type": "string"},
+        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["click", "view"]}},
+        {"name": "fx", "type": {"type": "fixed", "name": "F", "size": 4}},
+        {"name": "m", "type": {"type": "map", "values": "long"}},
+        {
+            "name": "t",
+            "type": {
+                "type": "record",
+                "name": "T",
+                "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}],
+            },
+        },
+        {
+            "name": "n",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "N",
+                    "fields": [{"name": "x", "type": "long"}, {"name": "y", "type": "string"}],
+                },
+            },
+        },
+        {"name": "j", "type": "string"},
+        {"name": "d", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "us", "type": {"type": "array", "items": "string"}},
+    ],
+}
+UUID_TEXT = "0f8FAD5B-D9CB-469F-A165-70867728950E"
+
+
+def typed_record(**changes: Any) -> dict[str, Any]:
+    record = {
+        "u": UUID_TEXT,
+        "ip4": "10.0.0.1",
+        "ip6": "2001:DB8::1",
+        "kind": "view",
+        "fx": b"ab\x00\x00",
+        "m": {"a": 1, "b": 2},
+        "t": {"a": 7, "b": "seven"},
+        "n": [{"x": 1, "y": "one"}, {"x": 2, "y": "two"}],
+        "j": '{"k": [1, 2]}',
+        "d": dt.date(2024, 2, 29),
+        "us": [UUID_TEXT.lower()],
+    }
+    return {**record, **changes}
+
+
+def test_the_clickhouse_types_from_avro_are_converted_and_checked_like_json(
+    registry: SchemaRegistryService,
+) -> None:
+    client = SchemaRegistryClient({"url": registry.url})
+    serialize = avro_serializer(client, TYPED_WRITER)
+    values = [
+        serialize(typed_record(), VALUE_CONTEXT),
+        serialize(typed_record(u="not-a-uuid"), VALUE_CONTEXT),
+        serialize(typed_record(ip4="300.1.1.1"), VALUE_CONTEXT),
+        serialize(typed_record(j="[1, 2]"), VALUE_CONTEXT),
+        serialize(typed_record(us=["x"]), VALUE_CONTEXT),
+    ]
+    batch = decode(registry_decoder(registry, PipelineSchema.of(TYPED.items())), values)
+    (row,) = batch.rows.select(list(TYPED)).to_pylist()
+    assert row == {
+        "u": UUID_TEXT.lower(),
+        "ip4": "10.0.0.1",
+        "ip6": "2001:db8::1",
+        "kind": "view",
+        "fx": b"ab\x00\x00",
+        "m": [("a", 1), ("b", 2)],
+        "t": {"a": 7, "b": "seven"},
+        "n": [{"x": 1, "y": "one"}, {"x": 2, "y": "two"}],
+        "j": '{"k": [1, 2]}',
+        "d": dt.date(2024, 2, 29),
+        "us": [UUID_TEXT.lower()],
+    }
+    found = errors(batch)
+    assert found[1].startswith("column 'u': ") and "a UUID" in found[1]
+    assert found[2].startswith("column 'ip4': ") and "an IPv4 address" in found[2]
+    assert found[3].startswith("column 'j': ") and "a JSON object" in found[3]
+    assert found[4].startswith("column 'us'[0]: ") and "a UUID" in found[4]
+    assert len(found) == 4
+
+
+def test_a_column_path_is_refused_for_avro(registry: SchemaRegistryService) -> None:
+    schema = PipelineSchema((ColumnSpec("id", "Int64", path="user.id"),))
+    with pytest.raises(SchemaError, match=r"a path \('user\.id'\) is read from JSON messages"):
+        registry_decoder(registry, schema)
