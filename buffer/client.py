@@ -19,6 +19,7 @@ import pyarrow.flight as fl
 
 from buffer.auth import bearer_header
 from buffer.formats import Format, decode_arrow
+from buffer.sql import SHARD
 from buffer.tls import ClientTls
 
 FORWARDED_BY = "forwarded_by"
@@ -26,6 +27,8 @@ FORWARDED_BY = "forwarded_by"
 when a client sent it. The hop guard: a forwarded query is never forwarded again."""
 FORWARDED_BY_HEADER = "x-hakafka-forwarded-by"
 """The Flight call header that carries `FORWARDED_BY`."""
+SHARD_HEADER = "x-hakafka-shard"
+"""The Flight call header that carries `SHARD` (a Flight ticket is only SQL)."""
 
 _TLS_SCHEMES = frozenset({"https", "grpc+tls"})
 _FLIGHT_SCHEMES = frozenset({"grpc", "grpc+tcp", "grpc+tls"})
@@ -91,8 +94,10 @@ def query(
     *,
     tls: ClientTls | None = None,
     forwarded_by: str | None = None,
+    shard: int | None = None,
 ) -> pa.Table:
-    """The result of ``sql`` from a buffer query server.
+    """The result of ``sql`` from a buffer query server, over the tables of ``shard`` only
+    when given (else over every shard the server holds).
 
     ``url`` is ``grpc://`` or ``grpc+tls://host:port`` (Flight) or ``http://`` or
     ``https://host:port`` (HTTP endpoint, Arrow format); TLS servers are verified against
@@ -103,9 +108,11 @@ def query(
     """
     scheme = urlsplit(url).scheme
     if scheme in _FLIGHT_SCHEMES:
-        return _query_flight(url, sql, token, timeout_s, tls=tls, forwarded_by=forwarded_by)
+        return _query_flight(
+            url, sql, token, timeout_s, tls=tls, forwarded_by=forwarded_by, shard=shard
+        )
     if scheme in ("http", "https") and forwarded_by is None:
-        return _query_http(url, sql, token, timeout_s, tls)
+        return _query_http(url, sql, token, timeout_s, tls, shard=shard)
     if scheme in ("http", "https"):
         raise ValueError(f"forwarding goes over Flight; got {url!r}")
     raise ValueError(
@@ -130,11 +137,14 @@ def _query_flight(
     *,
     tls: ClientTls | None,
     forwarded_by: str | None,
+    shard: int | None,
 ) -> pa.Table:
     _require_tls(url, tls)
     headers = [(b"authorization", bearer_header(token).encode())] if token else []
     if forwarded_by is not None:
         headers.append((FORWARDED_BY_HEADER.encode(), forwarded_by.encode()))
+    if shard is not None:
+        headers.append((SHARD_HEADER.encode(), str(shard).encode()))
     options = fl.FlightCallOptions(headers=headers, timeout=timeout_s)
     roots = None if tls is None else tls.root_certs()
     with fl.connect(url, tls_root_certs=roots) as client:
@@ -146,10 +156,17 @@ def _query_flight(
 
 
 def _query_http(
-    url: str, sql: str, token: str | None, timeout_s: float, tls: ClientTls | None
+    url: str,
+    sql: str,
+    token: str | None,
+    timeout_s: float,
+    tls: ClientTls | None,
+    *,
+    shard: int | None,
 ) -> pa.Table:
+    only = "" if shard is None else f"&{SHARD}={shard}"
     request = urllib.request.Request(
-        url.rstrip("/") + "/query?format=arrow",
+        url.rstrip("/") + "/query?format=arrow" + only,
         data=sql.encode(),
         method="POST",
         headers={"Content-Type": "application/sql", "Accept": Format.ARROW.value},

@@ -8,11 +8,19 @@ from collections.abc import Iterator, Mapping
 import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
-from buffer.client import FORWARDED_BY, FORWARDED_BY_HEADER
+from buffer.client import FORWARDED_BY, FORWARDED_BY_HEADER, SHARD_HEADER
 from buffer.limits import ServerLimits
 from buffer.observe import Outcome, QueryObserver, observed
-from buffer.snapshot import Snapshot
-from buffer.sql import Forward, QueryError, QueryRefusedError, QueryTimeoutError, SqlEngine
+from buffer.sql import (
+    SHARD,
+    Forward,
+    QueryError,
+    QueryRefusedError,
+    QueryTimeoutError,
+    SqlEngine,
+    TableView,
+    shard_of,
+)
 from buffer.tls import ServerTls
 
 
@@ -27,18 +35,20 @@ class _BearerFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
             raise fl.FlightUnauthenticatedError("missing or wrong bearer token")
 
 
-class _ForwardedBy(fl.ServerMiddleware):  # type: ignore[misc]
-    def __init__(self, node: str) -> None:
+class _Params(fl.ServerMiddleware):  # type: ignore[misc]
+    def __init__(self, params: dict[str, str]) -> None:
         super().__init__()
-        self.node = node
+        self.params = params
 
 
-class _ForwardedByFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
-    """Notes the node a call was forwarded by (its header), for `forward`'s hop guard."""
+class _ParamsFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
+    """Notes a call's query parameters from its headers: the node it was forwarded by (for
+    `forward`'s hop guard) and the shard it is restricted to."""
 
-    def start_call(self, info: fl.CallInfo, headers: dict[str, list[str]]) -> _ForwardedBy | None:
-        values = headers.get(FORWARDED_BY_HEADER) or []
-        return _ForwardedBy(str(values[0])) if values else None
+    _HEADERS = ((FORWARDED_BY_HEADER, FORWARDED_BY), (SHARD_HEADER, SHARD))
+
+    def start_call(self, info: fl.CallInfo, headers: dict[str, list[str]]) -> _Params:
+        return _Params({param: str(headers[h][0]) for h, param in self._HEADERS if headers.get(h)})
 
 
 def _flight_error(exc: QueryError) -> fl.FlightError:
@@ -62,9 +72,10 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     limit) -> a server error (``fl.FlightServerError``) with the engine's message first and
     the error's kind (``query_error``, ``row_limit``, ``result_too_large``,
     ``memory_limit``) as its extra info; a wrong or missing token when ``token`` is set ->
-    unauthenticated. ``forward`` may answer a query elsewhere first (a ticket is only SQL:
-    its one parameter is ``FORWARDED_BY``, the node named by a call's
-    ``FORWARDED_BY_HEADER``); if it fails, the client gets an unavailable error naming why.
+    unauthenticated. A ticket is only SQL: its parameters come from the call's headers,
+    ``FORWARDED_BY`` (the node named by ``FORWARDED_BY_HEADER``) and ``SHARD`` (from
+    ``SHARD_HEADER``: the query reads only that shard's tables). ``forward`` may answer a
+    query elsewhere first; if it fails, the client gets an unavailable error naming why.
     A ticket that is not UTF-8 gets a server error saying so; over
     ``limits.max_concurrent_queries`` running queries, an unavailable error at once. Every
     error sent is of a Flight kind, so none carries the server's traceback (nor does the
@@ -94,7 +105,7 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         super().__init__(
             f"{self._scheme}://{host}:{port}",
             tls_certificates=[] if tls is None else [fl.CertKeyPair(*tls.pem())],
-            middleware={"auth": _BearerFactory(token), "forwarded_by": _ForwardedByFactory()},
+            middleware={"auth": _BearerFactory(token), "params": _ParamsFactory()},
         )
         self.engine = engine
         self.host = host
@@ -116,9 +127,9 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
             if not self._queries.acquire(blocking=False):
                 outcome.result = "too_many_queries"
                 raise fl.FlightUnavailableError(f"{self._cap} queries running; retry later")
-            hop = context.get_middleware("forwarded_by")
+            params = context.get_middleware("params").params
             try:
-                return self._answer(sql, {} if hop is None else {FORWARDED_BY: hop.node}, outcome)
+                return self._answer(sql, params, outcome)
             finally:
                 self._queries.release()
 
@@ -134,30 +145,31 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         if forwarded is not None:
             return fl.RecordBatchStream(forwarded)
         try:
-            table = self.engine.query(sql)
+            table = self.engine.query(sql, shard_of(params))
         except QueryError as exc:
             outcome.result = exc.kind
             raise _flight_error(exc) from None
         return fl.RecordBatchStream(table)
 
-    def _info(self, snap: Snapshot) -> fl.FlightInfo:
-        endpoint = fl.FlightEndpoint(f'SELECT * FROM "{snap.name}"', [self.location])
+    def _info(self, view: TableView) -> fl.FlightInfo:
+        endpoint = fl.FlightEndpoint(f'SELECT * FROM "{view.name}"', [self.location])
         return fl.FlightInfo(
-            snap.schema, fl.FlightDescriptor.for_path(snap.name), [endpoint], snap.rows, snap.nbytes
+            view.schema, fl.FlightDescriptor.for_path(view.name), [endpoint], view.rows, view.nbytes
         )
 
     def list_flights(
         self, context: fl.ServerCallContext, criteria: bytes
     ) -> Iterator[fl.FlightInfo]:
-        """One FlightInfo per table: path descriptor = name, schema, row and byte counts."""
-        for snap in self.engine.catalog.snapshots():
-            yield self._info(snap)
+        """One FlightInfo per table name (every shard held): path descriptor = name, schema,
+        row and byte counts."""
+        for view in self.engine.catalog.views():
+            yield self._info(view)
 
     def get_flight_info(
         self, context: fl.ServerCallContext, descriptor: fl.FlightDescriptor
     ) -> fl.FlightInfo:
         """The FlightInfo of the table named by a path descriptor."""
-        for snap in self.engine.catalog.snapshots():
-            if descriptor.path == [snap.name.encode()]:
-                return self._info(snap)
+        for view in self.engine.catalog.views():
+            if descriptor.path == [view.name.encode()]:
+                return self._info(view)
         raise fl.FlightServerError(f"no table {descriptor.path!r}", b"not_found")

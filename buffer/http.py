@@ -17,7 +17,7 @@ from buffer.auth import HTTP_CHALLENGES, http_token_ok
 from buffer.formats import Format, choose_format, encode
 from buffer.limits import ServerLimits
 from buffer.observe import Outcome, QueryObserver, observed
-from buffer.sql import Forward, QueryError, QueryResult, SqlEngine
+from buffer.sql import Forward, QueryError, QueryResult, SqlEngine, shard_of
 from buffer.tls import ServerTls
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -160,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
             if forwarded is not None:
                 chunks = encode(QueryResult.of_table(forwarded, engine.limits), fmt)
             else:
-                with engine.stream(params["sql"]) as result:
+                with engine.stream(params["sql"], shard_of(params)) as result:
                     chunks = encode(result, fmt)
         except QueryError as exc:
             outcome.result = exc.kind
@@ -260,8 +260,9 @@ class HttpQueryServer:
 
     ``GET /query?sql=...&format=json|csv|arrow`` or ``POST /query`` with the SQL as body
     (or a JSON body ``{"sql": ..., "format": ...}``); without ``format`` the Accept header
-    decides, default JSON. Status: 200, 400 bad SQL (DuckDB's message) or row limit,
-    401 missing/wrong token, 403 refused by the sandbox, 408 timeout; errors are
+    decides, default JSON; ``&shard=N`` reads only shard N's tables. Status: 200, 400 bad
+    SQL (DuckDB's message), a shard that is not a number or row limit, 401 missing/wrong
+    token, 403 refused by the sandbox, 408 timeout; errors are
     JSON ``{"error": kind, "message": text}``. The token of every non-public path comes as
     ``Bearer <token>`` or, from a browser, as HTTP Basic with the token as password (a 401
     offers both).

@@ -26,6 +26,7 @@ from buffer.snapshot import Snapshot
 from buffer.table import MemoryTable
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SHARD = re.compile(r"[0-9]{1,9}")
 _LEADING_KEYWORD = re.compile(r"\s*(?:FORCE\s+)?([A-Za-z]+)\b", re.IGNORECASE)
 # Rows per Arrow batch: one DuckDB vector, so bytes are counted as each vector comes out.
 _BATCH_ROWS = 2048
@@ -39,6 +40,10 @@ _SANDBOX = {
     "python_enable_replacements": False,  # no scans of the caller's Python variables
 }
 
+
+SHARD = "shard"
+"""The query parameter (HTTP `?shard=N`, the Flight header `buffer.client.SHARD_HEADER`)
+that restricts a query to one shard's tables."""
 
 Forward = Callable[[str, Mapping[str, str]], pa.Table | None]
 """Given the SQL and the request parameters, run the query elsewhere and return its result,
@@ -88,56 +93,110 @@ class QueryMemoryError(QueryError):
     http_status = 400
 
 
+SHARD_COLUMN = "_shard"
+"""The column every table has in queries: the shard its rows belong to (never stored)."""
+
+
+@dataclass(frozen=True)
+class TableView:
+    """One name as queries see it: snapshots of the tables of that name, one per shard, as
+    one table whose ``SHARD_COLUMN`` says which shard each row is of."""
+
+    name: str
+    shards: Mapping[int, Snapshot]
+
+    @property
+    def schema(self) -> pa.Schema:
+        first = next(iter(self.shards.values()))
+        return first.schema.append(pa.field(SHARD_COLUMN, pa.int32(), nullable=False))
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.shards.values())
+
+    def register(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        """Make the view queryable as ``name`` on ``cursor`` (for that connection only):
+        each shard's snapshot under an internal name that no plain identifier can take, and
+        ``name`` a view over their union."""
+        parts = []
+        for shard, snap in sorted(self.shards.items()):
+            internal = f"{self.name}#{shard}"
+            cursor.register(internal, snap.to_table())
+            parts.append(f'SELECT *, {shard}::INTEGER AS {SHARD_COLUMN} FROM "{internal}"')
+        union = " UNION ALL BY NAME ".join(parts)
+        cursor.execute(f'CREATE TEMP VIEW "{self.name}" AS {union}')
+
+
 @dataclass
 class Catalog:
-    """The memory tables that queries can see, by pipeline name."""
+    """The memory tables that queries can see: per name (a pipeline), one table per shard.
 
-    _tables: dict[str, MemoryTable] = field(default_factory=dict)
+    A query sees each name once, over the tables of every shard held (or of the shard it
+    asks for), with a ``SHARD_COLUMN`` column; standalone tables are shard 0's.
+    """
+
+    _tables: dict[str, dict[int, MemoryTable]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, table: MemoryTable) -> None:
-        """Make ``table`` queryable under its name (an SQL identifier, unique here)."""
+    def add(self, table: MemoryTable, shard: int = 0) -> None:
+        """Make ``table`` queryable under its name (an SQL identifier) as shard ``shard``'s
+        part of it; ValueError if that shard's part is already served."""
         if not _NAME.fullmatch(table.name):
             raise ValueError(f"table name {table.name!r} is not a plain SQL identifier")
+        if SHARD_COLUMN in table.schema.names:
+            raise ValueError(
+                f"table {table.name!r} has a column {SHARD_COLUMN!r}, which queries add"
+            )
         with self._lock:
-            if table.name in self._tables:
-                raise ValueError(f"a table named {table.name!r} is already in the catalog")
-            self._tables[table.name] = table
-
-    def remove(self, name: str) -> None:
-        """Stop serving the table ``name``."""
-        with self._lock:
-            del self._tables[name]
+            held = self._tables.setdefault(table.name, {})
+            if shard in held:
+                raise ValueError(
+                    f"a table named {table.name!r} of shard {shard} is already in the catalog"
+                )
+            held[shard] = table
 
     def discard(self, table: MemoryTable) -> None:
-        """Stop serving ``table`` under whatever name it has now (a no-op if not served)."""
+        """Stop serving ``table`` (a no-op if not served)."""
         with self._lock:
-            if self._tables.get(table.name) is table:
-                del self._tables[table.name]
+            held = self._tables.get(table.name, {})
+            for shard in [s for s, t in held.items() if t is table]:
+                del held[shard]
+            if not held:
+                self._tables.pop(table.name, None)
 
     def names(self) -> list[str]:
         """The names served, sorted."""
         with self._lock:
             return sorted(self._tables)
 
-    def rename(self, old: str, new: str) -> bool:
-        """Serve the table ``old`` as ``new`` from now on; False if ``old`` is not served or
-        ``new`` is taken."""
-        if not _NAME.fullmatch(new):
-            raise ValueError(f"table name {new!r} is not a plain SQL identifier")
+    def views(self, shard: int | None = None) -> list[TableView]:
+        """A view of every name (of only ``shard``'s tables when given; names without one
+        of that shard are left out), with fresh snapshots, sorted by name."""
         with self._lock:
-            if old not in self._tables or new in self._tables:
-                return False
-            table = self._tables.pop(old)
-            table.name = new
-            self._tables[new] = table
-            return True
+            chosen = {
+                name: {s: t for s, t in held.items() if shard is None or s == shard}
+                for name, held in sorted(self._tables.items())
+            }
+        return [
+            TableView(name, {s: t.snapshot() for s, t in sorted(tables.items())})
+            for name, tables in chosen.items()
+            if tables
+        ]
 
-    def snapshots(self) -> list[Snapshot]:
-        """A snapshot of every table, sorted by name."""
-        with self._lock:
-            tables = sorted(self._tables.values(), key=lambda t: t.name)
-        return [t.snapshot() for t in tables]
+
+def shard_of(params: Mapping[str, str]) -> int | None:
+    """The shard a query's parameters restrict it to (``buffer.client.SHARD``), or None;
+    QueryError naming the value when it is not a shard number."""
+    given = params.get(SHARD)
+    if given is None:
+        return None
+    if not _SHARD.fullmatch(given):
+        raise QueryError(f"parameter {SHARD}={given!r} is not a shard number")
+    return int(given)
 
 
 class QueryResult:
@@ -211,7 +270,8 @@ class SqlEngine:
     """Runs one read-only SELECT at a time per call, over fresh snapshots of the catalog.
 
     Thread-safe: every query gets its own DuckDB connection (a cursor on one locked-down
-    in-memory database) with the catalog's snapshots registered as Arrow tables, zero-copy.
+    in-memory database) with the catalog's snapshots registered as Arrow tables, zero-copy,
+    behind one temporary view per name (``TableView``).
     DuckDB runs with ``limits.threads`` threads and ``limits.memory_bytes`` of memory; it
     spills to ``limits.spill_dir``, up to ``limits.max_spill_bytes``, only when that is set
     (never to its default ``.tmp`` in the working directory).
@@ -236,14 +296,18 @@ class SqlEngine:
         """Release the database; later queries fail."""
         self._db.close()
 
-    def query(self, sql: str) -> pa.Table:
+    def query(self, sql: str, shard: int | None = None) -> pa.Table:
         """The whole result of the single SELECT statement ``sql`` (see ``stream``)."""
-        with self.stream(sql) as result:
+        with self.stream(sql, shard) as result:
             return result.read_all()
 
     @contextmanager
-    def stream(self, sql: str) -> Iterator[QueryResult]:
+    def stream(self, sql: str, shard: int | None = None) -> Iterator[QueryResult]:
         """The result of the single SELECT statement ``sql``, streamed while in the block.
+
+        Each name of the catalog is one table over the tables of every shard it holds, or
+        of ``shard`` only when given (a name without a table of that shard does not exist
+        then), with a ``SHARD_COLUMN`` column.
 
         Raises QueryRefusedError for anything but one SELECT and for sandbox violations
         (files, URLs, extensions, settings), QueryTimeoutError past ``limits.timeout_s``
@@ -254,7 +318,7 @@ class SqlEngine:
         result is read and encoded.
         """
         check_read_only(sql)
-        with self._stream(sql) as result:
+        with self._stream(sql, shard) as result:
             yield result
 
     def _execute(self, sql: str) -> pa.Table:
@@ -262,19 +326,19 @@ class SqlEngine:
 
         Tests call it to prove that second layer holds on its own.
         """
-        with self._stream(sql) as result:
+        with self._stream(sql, None) as result:
             return result.read_all()
 
     @contextmanager
-    def _stream(self, sql: str) -> Iterator[QueryResult]:
+    def _stream(self, sql: str, shard: int | None) -> Iterator[QueryResult]:
         deadline = time.monotonic() + self.limits.timeout_s
         cursor = self._db.cursor()
         # Stops DuckDB's work; a result being encoded stops at its next deadline check.
         timer = threading.Timer(self.limits.timeout_s, cursor.interrupt)
         try:
             with _engine_errors(self.limits, deadline):
-                for snap in self.catalog.snapshots():
-                    cursor.register(snap.name, snap.to_table())
+                for view in self.catalog.views(shard):
+                    view.register(cursor)
                 timer.start()
                 reader = cursor.sql(sql).to_arrow_reader(batch_size=_BATCH_ROWS)
             assert reader is not None  # a SELECT always has a result

@@ -195,10 +195,8 @@ def _query(args: argparse.Namespace) -> int:
             coordinator,
             list(shards),
             args.sql,
-            shard_count=config.shard_count,
             token=config.server.token.value or None,
             tls=client_tls(config),
-            notes=sys.stderr,
         )
     sys.stdout.buffer.write(render(table, "json" if args.json else args.format))
     sys.stdout.flush()

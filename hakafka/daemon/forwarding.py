@@ -1,4 +1,5 @@
-"""Where a query for a shard this node does not lead goes: to that shard's leader, once.
+"""Where a query for a shard this node does not lead goes: to that shard's leader, once, with
+the shard named (`buffer.client.SHARD_HEADER`), so that the leader reads only its tables.
 
 A forwarded query names the node that forwarded it (`buffer.client.FORWARDED_BY`, a Flight
 call header). The node receiving one never forwards it again: it answers when it leads the
@@ -17,6 +18,7 @@ import pyarrow as pa
 
 from buffer.client import FORWARDED_BY
 from buffer.client import query as remote_query
+from buffer.sql import QueryError, shard_of
 from buffer.tls import ClientTls
 from hakafka.coordination import LeaderInfo, NodeInfo
 
@@ -45,7 +47,8 @@ class Directory(Protocol):
 class Forwarder:
     """A `buffer.sql.Forward`: None (answer here) when this node leads the query's shard
     (the `shard` parameter, else any shard this node leads, else the first it serves), the
-    leader's answer otherwise; ForwardingError when that cannot be asked."""
+    leader's answer otherwise, over that shard's tables only; ForwardingError when that
+    cannot be asked. A `shard` that is not a number is answered here: the engine refuses it."""
 
     directory: Directory
     shards: tuple[int, ...]
@@ -55,8 +58,10 @@ class Forwarder:
     timeout_s: float = FORWARD_TIMEOUT_S
 
     def __call__(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
-        wanted = params.get("shard")
-        shard = int(wanted) if wanted is not None and wanted.isdigit() else None
+        try:
+            shard = shard_of(params)
+        except QueryError:
+            return None
         mine = self.leading()
         if shard is None:
             if mine or not self.shards:
@@ -84,5 +89,11 @@ class Forwarder:
                 f"address of {me} itself; set server.advertise on both nodes"
             )
         return remote_query(
-            endpoints.flight, sql, self.token, self.timeout_s, tls=self.tls, forwarded_by=me
+            endpoints.flight,
+            sql,
+            self.token,
+            self.timeout_s,
+            tls=self.tls,
+            forwarded_by=me,
+            shard=shard,
         )

@@ -23,8 +23,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
     last = flushes[-1] if flushes else None
     return {
         "name": p.config.name,
-        # What SQL calls this buffer: `<pipeline>`, or `<pipeline>_shard<N>` on a node that
-        # leads several shards.
+        # What SQL calls this buffer: `<pipeline>`, with `_shard` telling the shards apart.
         "query_table": p.buffer.rows.name,
         "topic": p.config.topic,
         "state": s.state,

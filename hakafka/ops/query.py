@@ -5,28 +5,41 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
-from typing import TextIO
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from buffer.client import PlainTextRefusedError
+from buffer.client import PlainTextRefusedError, QueryFailedError
 from buffer.client import query as remote_query
 from buffer.tls import ClientTls
-from hakafka.coordination import Coordinator
+from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.ops.cluster import OpsError, format_table
 
 
-def leaders(coordinator: Coordinator, shards: Sequence[int]) -> dict[str, list[int]]:
-    """Leader node -> the shards of `shards` it leads; OpsError if one has no leader."""
-    found: dict[str, list[int]] = {}
+@dataclass(frozen=True)
+class ShardLeader:
+    """A shard's leader as ZooKeeper names it, with its registered endpoints."""
+
+    node: str
+    endpoints: NodeInfo
+
+
+def leaders(coordinator: Coordinator, shards: Sequence[int]) -> dict[int, ShardLeader]:
+    """Shard -> its leader, for every shard of `shards`; an OpsError naming the first shard
+    that has no leader or whose leader is not registered."""
+    registered = coordinator.nodes()
+    found: dict[int, ShardLeader] = {}
     for shard in shards:
         leader = coordinator.leader_of(shard)
         if leader is None:
             raise OpsError(
                 f"shard {shard} has no leader right now; try again or see `hakafka status`"
             )
-        found.setdefault(leader.node, []).append(shard)
+        endpoints = registered.get(leader.node)
+        if endpoints is None:
+            raise OpsError(f"shard {shard}: its leader {leader.node} is not registered")
+        found[shard] = ShardLeader(leader.node, endpoints)
     return found
 
 
@@ -35,40 +48,24 @@ def query_shards(
     shards: Sequence[int],
     sql: str,
     *,
-    shard_count: int,
     token: str | None,
     tls: ClientTls | None,
-    notes: TextIO,
 ) -> pa.Table:
-    """`sql` run once on each node leading one of `shards`, results concatenated in shard
-    order (an aggregate yields one row per leader node). A node leading several shards keeps
-    their buffers as `<pipeline>` and `<pipeline>_shard<N>` (see `hakafka status`): said on
-    `notes`. Nodes are asked at their registered Flight URL, verified per `tls` (with it, a
-    plain-text URL is an OpsError)."""
-    by_node = leaders(coordinator, shards)
-    registered = coordinator.nodes()
+    """`sql` run for each of `shards` by its leader over that shard's buffers only (the
+    `shard` parameter), results concatenated in shard order: an aggregate yields one row per
+    shard, and a node leading several shards is asked once for each, so nothing is counted
+    twice. Every shard answers or the whole query fails: a shard without a leader, whose
+    leader is not registered, cannot be reached or refuses (its error, e.g. bad SQL) is an
+    OpsError naming the shard, never a shard left out. Leaders are asked at their registered
+    Flight URL, verified per `tls` (with it, a plain-text URL is an OpsError)."""
     tables = []
-    for node, led in sorted(by_node.items(), key=lambda item: item[1][0]):
-        endpoints = registered.get(node)
-        if endpoints is None:
-            raise OpsError(f"shard {led[0]}: its leader {node} is not registered")
-        others = [s for s in range(shard_count) if s not in led and _leads(coordinator, node, s)]
-        if len(led) > 1 or others:
-            print(
-                f"note: {node} leads shards {sorted(led + others)}; its buffers are named per "
-                "shard (QUERY TABLE in `hakafka status`)",
-                file=notes,
-            )
+    for shard, leader in leaders(coordinator, shards).items():
+        url = leader.endpoints.flight
         try:
-            tables.append(remote_query(endpoints.flight, sql, token, tls=tls))
-        except PlainTextRefusedError as exc:
-            raise OpsError(f"shard {led[0]}: its leader {node}: {exc}") from None
+            tables.append(remote_query(url, sql, token, tls=tls, shard=shard))
+        except (QueryFailedError, PlainTextRefusedError) as exc:
+            raise OpsError(f"shard {shard}: its leader {leader.node} at {url}: {exc}") from None
     return pa.concat_tables(tables, promote_options="default")
-
-
-def _leads(coordinator: Coordinator, node: str, shard: int) -> bool:
-    leader = coordinator.leader_of(shard)
-    return leader is not None and leader.node == node
 
 
 def render(table: pa.Table, fmt: str) -> bytes:

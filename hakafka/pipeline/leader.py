@@ -25,7 +25,6 @@ finish within a grace period.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -122,7 +121,7 @@ class PipelineLeader:
         self._schemas = SchemaConverter(config.name, decoder.schema)
         self._flush = FlushLane(lane, thresholds_of(config), parts, decoder, rows_per_task)
         self._wal: Wal | None = None
-        self._registered: list[tuple[str, MemoryTable]] = []  # (plain name, table)
+        self._registered: list[MemoryTable] = []
         self._threads_done = 0
         self._done_lock = threading.Lock()
         self._main = threading.Thread(
@@ -147,20 +146,13 @@ class PipelineLeader:
             self.status.enter(PipelineState.FAILED, self._log, error=self.status.error)
 
     def _register_tables(self) -> None:
-        """Make the buffer queryable as `<pipeline>` (and `<pipeline>_dead_letter`).
-
-        A node normally serves one shard; if it leads two shards with the same pipeline,
-        the second shard's tables get a `_shard<N>` suffix until the first one's go (see
-        `_release_tables`).
-        """
+        """Make the buffer queryable as this shard's part of `<pipeline>` (and
+        `<pipeline>_dead_letter`): one name per pipeline on a node, over every shard it
+        leads, with a `_shard` column (`buffer.sql.Catalog`). ValueError while an abandoned
+        instance of this shard still holds them."""
         for table in (self.buffer.rows, self.buffer.dead):
-            plain = table.name
-            try:
-                self._catalog.add(table)
-            except ValueError:
-                table.name = f"{plain}_shard{self.shard}"
-                self._catalog.add(table)
-            self._registered.append((plain, table))
+            self._catalog.add(table, self.shard)
+            self._registered.append(table)
 
     def suspend(self) -> None:
         """Stop side effects at once (ZooKeeper connection lost); state is kept."""
@@ -408,14 +400,8 @@ class PipelineLeader:
             self._log.info("pipeline.released")
 
     def _release_tables(self) -> None:
-        """Remove the buffer's tables from the catalog. A table that had the plain name passes
-        it on to the suffixed table of another shard this node still leads, so `<pipeline>`
-        keeps naming a buffer while the node leads any shard of the pipeline."""
-        for plain, table in self._registered:
-            had_plain = table.name == plain
+        """Remove the buffer's tables from the catalog; the other shards' parts of their
+        names stay."""
+        for table in self._registered:
             self._catalog.discard(table)
-            suffixed = re.compile(re.escape(plain) + r"_shard\d+")
-            heirs = [n for n in self._catalog.names() if suffixed.fullmatch(n)]
-            if had_plain and heirs:
-                self._catalog.rename(heirs[0], plain)
         self._registered.clear()

@@ -120,7 +120,24 @@ def test_a_follower_forwards_once_to_the_leader(cluster: Cluster) -> None:
     a.directory.leaders[0] = b.directory.leaders[0] = "b"
     assert ask(a) == ["b"]
     assert a.forwarded == [{}]
-    assert b.forwarded == [{"forwarded_by": "a"}]  # b leads: it answers, no second hop
+    # b leads: it answers, no second hop, over the shard the query was forwarded for.
+    assert b.forwarded == [{"forwarded_by": "a", "shard": "0"}]
+
+
+def test_a_forwarded_query_reads_only_its_shard_at_a_leader_of_several(cluster: Cluster) -> None:
+    # b leads shards 0 and 1: one name over both buffers; what a forwards for shard 1 reads
+    # only shard 1's rows there.
+    a, b = cluster.add("a", leading=[]), cluster.add("b", leading=[0, 1])
+    shard1 = MemoryTable("events", pa.schema([("who", pa.string())]), limit_bytes=1 << 20)
+    shard1.append(pa.record_batch({"who": ["b1", "b1"]}), {("t", 1): OffsetRange(0, 1)})
+    b.server.engine.catalog.add(shard1, 1)
+    a.directory.leaders.update({0: "b", 1: "b"})
+    sql = "SELECT who, _shard FROM events"
+    got = query(a.server.location, sql, TOKEN, WAIT_S, shard=1)
+    assert got.to_pylist() == [{"who": "b1", "_shard": 1}] * 2
+    assert b.forwarded == [{"forwarded_by": "a", "shard": "1"}]
+    # Asked without a shard, b answers over every shard it leads.
+    assert sorted(ask(b)) == ["b", "b1", "b1"]
 
 
 def test_a_forwarded_query_stops_at_a_node_that_does_not_lead_the_shard(

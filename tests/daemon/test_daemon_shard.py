@@ -93,11 +93,10 @@ def test_a_pipeline_that_failed_to_start_is_replaced(
     runner: tuple[ShardRunner, Harness],
 ) -> None:
     shard, h = runner
-    # An abandoned instance still holds the buffer's names: the new term's pipeline cannot
-    # register them and so cannot start.
-    schema = h.leader().buffer.rows.schema
-    for name in ("events", "events_shard0"):
-        h.catalog.add(MemoryTable(name, schema, 1 << 20))
+    # An abandoned instance still holds the buffer's name for shard 0: the new term's
+    # pipeline cannot register it and so cannot start.
+    held = MemoryTable("events", h.leader().buffer.rows.schema, 1 << 20)
+    h.catalog.add(held, 0)
     shard._thread.start()  # the shard's own event thread, as `start()` runs it
     shard._events.put(BecameLeader(epoch=1, token=1))
     wait_for(
@@ -108,8 +107,7 @@ def test_a_pipeline_that_failed_to_start_is_replaced(
     assert first.status.state is PipelineState.FAILED
     assert "already in the catalog" in (first.status.error or "")
     assert not shard.healthy()
-    h.catalog.remove("events")  # the abandoned instance lets go
-    h.catalog.remove("events_shard0")
+    h.catalog.discard(held)  # the abandoned instance lets go
     # Restarts follow 1 s, 2 s, ... apart; one made after the names were released consumes.
     wait_for(
         lambda: shard.pipelines[0].status.state is PipelineState.CONSUMING,

@@ -69,7 +69,7 @@ def crash_with_a_block_in_flight(
     first.stop(0.0)  # the term is lost: the insert in flight is abandoned ...
     h.sink.fail(1)  # ... and never lands
     h.sink.gate.set()
-    wait_for(lambda: not h.catalog.snapshots(), "the old leader to let its WAL go")
+    wait_for(lambda: not h.catalog.names(), "the old leader to let its WAL go")
     pending = h.fenced.pending
     assert pending is not None and h.fenced.commits == 0 and not h.sink.rows
     h.fenced = h.fenced.next_term()
