@@ -5,6 +5,7 @@ registry of the dev stack."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -16,7 +17,13 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    timestamp_pb2,
+    wrappers_pb2,
+)
 
 from devstack.process import running
 from devstack.schema_registry import SchemaRegistryService
@@ -160,6 +167,110 @@ def errors(batch: DecodedBatch) -> dict[int, str]:
     return dict(
         zip(dead.column("_offset").to_pylist(), dead.column("_error").to_pylist(), strict=True)
     )
+
+
+AVRO_TYPED = {
+    "u": "UUID",
+    "ip4": "IPv4",
+    "ip6": "IPv6",
+    "kind": "Enum8('click' = 1, 'view' = 2)",
+    "fx": "FixedString(4)",
+    "m": "Map(String, Int64)",
+    "t": "Tuple(a Int64, b String)",
+    "n": "Nested(x Int64, y String)",
+    "j": "JSON",
+    "d": "Date",
+    "us": "Array(UUID)",
+}
+AVRO_TYPED_WRITER = {
+    "type": "record",
+    "name": "Typed",
+    "fields": [
+        {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "ip4", "type": "string"},
+        {"name": "ip6", "type": "string"},
+        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["click", "view"]}},
+        {"name": "fx", "type": {"type": "fixed", "name": "F", "size": 4}},
+        {"name": "m", "type": {"type": "map", "values": "long"}},
+        {
+            "name": "t",
+            "type": {
+                "type": "record",
+                "name": "T",
+                "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}],
+            },
+        },
+        {
+            "name": "n",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "N",
+                    "fields": [{"name": "x", "type": "long"}, {"name": "y", "type": "string"}],
+                },
+            },
+        },
+        {"name": "j", "type": "string"},
+        {"name": "d", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "us", "type": {"type": "array", "items": "string"}},
+    ],
+}
+UUID_TEXT = "0f8FAD5B-D9CB-469F-A165-70867728950E"
+
+
+def avro_typed_record(**changes: Any) -> dict[str, Any]:
+    record = {
+        "u": UUID_TEXT,
+        "ip4": "10.0.0.1",
+        "ip6": "2001:DB8::1",
+        "kind": "view",
+        "fx": b"ab\x00\x00",
+        "m": {"a": 1, "b": 2},
+        "t": {"a": 7, "b": "seven"},
+        "n": [{"x": 1, "y": "one"}, {"x": 2, "y": "two"}],
+        "j": '{"k": [1, 2]}',
+        "d": dt.date(2024, 2, 29),
+        "us": [UUID_TEXT.lower()],
+    }
+    return {**record, **changes}
+
+
+def proto_typed_class() -> Any:
+    """`Typed {string u; Kind kind; bytes fx; map<string, int64> m; repeated string us;
+    google.protobuf.Int32Value w}`, built from a descriptor."""
+    f = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="typed.proto", package="typed", syntax="proto3")
+    fdp.dependency.append("google/protobuf/wrappers.proto")
+    kind = fdp.enum_type.add(name="Kind")
+    for number, name in enumerate(("unknown", "click", "view")):
+        kind.value.add(name=name, number=number)
+    message = fdp.message_type.add(name="Typed")
+    entry = message.nested_type.add(name="MEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    optional, repeated = f.LABEL_OPTIONAL, f.LABEL_REPEATED
+    message.field.add(name="u", number=1, type=f.TYPE_STRING, label=optional)
+    message.field.add(
+        name="kind", number=2, type=f.TYPE_ENUM, type_name=".typed.Kind", label=optional
+    )
+    message.field.add(name="fx", number=3, type=f.TYPE_BYTES, label=optional)
+    message.field.add(
+        name="m", number=4, type=f.TYPE_MESSAGE, type_name=".typed.Typed.MEntry", label=repeated
+    )
+    message.field.add(name="us", number=5, type=f.TYPE_STRING, label=repeated)
+    message.field.add(
+        name="w",
+        number=6,
+        type=f.TYPE_MESSAGE,
+        type_name=".google.protobuf.Int32Value",
+        label=optional,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("typed.Typed"))
 
 
 # Subject `events-value` under the default TopicNameStrategy.

@@ -19,10 +19,14 @@ from hakafka.consumer import ColumnSpec, Format, PipelineSchema, make_decoder
 from hakafka.consumer.errors import SchemaError
 from hakafka.consumer.registry import RegistrySettings, RegistryUnavailableError
 from tests.formats import (
+    AVRO_TYPED,
+    AVRO_TYPED_WRITER,
     AVRO_V2,
     COLUMNS,
+    UUID_TEXT,
     VALUE_CONTEXT,
     avro_serializer,
+    avro_typed_record,
     declared,
     decode,
     errors,
@@ -170,87 +174,20 @@ def test_an_unusable_schema_file_or_missing_source_is_refused(tmp_path: Path) ->
         make_decoder(Format.PROTOBUF, SCHEMA)
 
 
-TYPED = {
-    "u": "UUID",
-    "ip4": "IPv4",
-    "ip6": "IPv6",
-    "kind": "Enum8('click' = 1, 'view' = 2)",
-    "fx": "FixedString(4)",
-    "m": "Map(String, Int64)",
-    "t": "Tuple(a Int64, b String)",
-    "n": "Nested(x Int64, y String)",
-    "j": "JSON",
-    "d": "Date",
-    "us": "Array(UUID)",
-}
-TYPED_WRITER = {
-    "type": "record",
-    "name": "Typed",
-    "fields": [
-        {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
-        {"name": "ip4", "type": "string"},
-        {"name": "ip6", "type": "string"},
-        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["click", "view"]}},
-        {"name": "fx", "type": {"type": "fixed", "name": "F", "size": 4}},
-        {"name": "m", "type": {"type": "map", "values": "long"}},
-        {
-            "name": "t",
-            "type": {
-                "type": "record",
-                "name": "T",
-                "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}],
-            },
-        },
-        {
-            "name": "n",
-            "type": {
-                "type": "array",
-                "items": {
-                    "type": "record",
-                    "name": "N",
-                    "fields": [{"name": "x", "type": "long"}, {"name": "y", "type": "string"}],
-                },
-            },
-        },
-        {"name": "j", "type": "string"},
-        {"name": "d", "type": {"type": "int", "logicalType": "date"}},
-        {"name": "us", "type": {"type": "array", "items": "string"}},
-    ],
-}
-UUID_TEXT = "0f8FAD5B-D9CB-469F-A165-70867728950E"
-
-
-def typed_record(**changes: Any) -> dict[str, Any]:
-    record = {
-        "u": UUID_TEXT,
-        "ip4": "10.0.0.1",
-        "ip6": "2001:DB8::1",
-        "kind": "view",
-        "fx": b"ab\x00\x00",
-        "m": {"a": 1, "b": 2},
-        "t": {"a": 7, "b": "seven"},
-        "n": [{"x": 1, "y": "one"}, {"x": 2, "y": "two"}],
-        "j": '{"k": [1, 2]}',
-        "d": dt.date(2024, 2, 29),
-        "us": [UUID_TEXT.lower()],
-    }
-    return {**record, **changes}
-
-
 def test_the_clickhouse_types_from_avro_are_converted_and_checked_like_json(
     registry: SchemaRegistryService,
 ) -> None:
     client = SchemaRegistryClient({"url": registry.url})
-    serialize = avro_serializer(client, TYPED_WRITER)
+    serialize = avro_serializer(client, AVRO_TYPED_WRITER)
     values = [
-        serialize(typed_record(), VALUE_CONTEXT),
-        serialize(typed_record(u="not-a-uuid"), VALUE_CONTEXT),
-        serialize(typed_record(ip4="300.1.1.1"), VALUE_CONTEXT),
-        serialize(typed_record(j="[1, 2]"), VALUE_CONTEXT),
-        serialize(typed_record(us=["x"]), VALUE_CONTEXT),
+        serialize(avro_typed_record(), VALUE_CONTEXT),
+        serialize(avro_typed_record(u="not-a-uuid"), VALUE_CONTEXT),
+        serialize(avro_typed_record(ip4="300.1.1.1"), VALUE_CONTEXT),
+        serialize(avro_typed_record(j="[1, 2]"), VALUE_CONTEXT),
+        serialize(avro_typed_record(us=["x"]), VALUE_CONTEXT),
     ]
-    batch = decode(registry_decoder(registry, PipelineSchema.of(TYPED.items())), values)
-    (row,) = batch.rows.select(list(TYPED)).to_pylist()
+    batch = decode(registry_decoder(registry, PipelineSchema.of(AVRO_TYPED.items())), values)
+    (row,) = batch.rows.select(list(AVRO_TYPED)).to_pylist()
     assert row == {
         "u": UUID_TEXT.lower(),
         "ip4": "10.0.0.1",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
+from google.protobuf import descriptor_pb2
 
 from devstack.schema_registry import SchemaRegistryService
 from hakafka.consumer import Format, PipelineSchema, make_decoder
@@ -25,6 +25,7 @@ from tests.formats import (
     proto_event,
     proto_event_class,
     proto_serializer,
+    proto_typed_class,
     registry,
     serializer_for,
 )
@@ -138,48 +139,11 @@ def test_a_schema_whose_imports_cannot_be_resolved_dead_letters_its_messages(
     }
 
 
-def typed_class() -> Any:
-    """`Typed {string u; Kind kind; bytes fx; map<string, int64> m; repeated string us;
-    google.protobuf.Int32Value w}`, built from a descriptor."""
-    f = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(name="typed.proto", package="typed", syntax="proto3")
-    fdp.dependency.append("google/protobuf/wrappers.proto")
-    kind = fdp.enum_type.add(name="Kind")
-    for number, name in enumerate(("unknown", "click", "view")):
-        kind.value.add(name=name, number=number)
-    message = fdp.message_type.add(name="Typed")
-    entry = message.nested_type.add(name="MEntry")
-    entry.options.map_entry = True
-    entry.field.add(name="key", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
-    optional, repeated = f.LABEL_OPTIONAL, f.LABEL_REPEATED
-    message.field.add(name="u", number=1, type=f.TYPE_STRING, label=optional)
-    message.field.add(
-        name="kind", number=2, type=f.TYPE_ENUM, type_name=".typed.Kind", label=optional
-    )
-    message.field.add(name="fx", number=3, type=f.TYPE_BYTES, label=optional)
-    message.field.add(
-        name="m", number=4, type=f.TYPE_MESSAGE, type_name=".typed.Typed.MEntry", label=repeated
-    )
-    message.field.add(name="us", number=5, type=f.TYPE_STRING, label=repeated)
-    message.field.add(
-        name="w",
-        number=6,
-        type=f.TYPE_MESSAGE,
-        type_name=".google.protobuf.Int32Value",
-        label=optional,
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("typed.Typed"))
-
-
 def test_the_clickhouse_types_from_protobuf_are_converted_and_checked_like_json(
     registry: SchemaRegistryService,
 ) -> None:
     client = SchemaRegistryClient({"url": registry.url})
-    typed = typed_class()
+    typed = proto_typed_class()
     serialize = proto_serializer(client, typed)
     uuid = "0F8FAD5B-D9CB-469F-A165-70867728950E"
 
