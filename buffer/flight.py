@@ -27,11 +27,11 @@ from buffer.tls import ServerTls
 class _BearerFactory(fl.ServerMiddlewareFactory):  # type: ignore[misc]
     def __init__(self, token: str | None) -> None:
         super().__init__()
-        self._token = token
+        self.token = token
 
     def start_call(self, info: fl.CallInfo, headers: dict[str, list[str]]) -> None:
         values = headers.get("authorization") or []
-        if not bearer_ok(self._token, values[0] if values else None):
+        if not bearer_ok(self.token, values[0] if values else None):
             raise fl.FlightUnauthenticatedError("missing or wrong bearer token")
 
 
@@ -101,17 +101,22 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         observe: QueryObserver | None = None,
     ) -> None:
         self._observe = observe
+        self._auth = _BearerFactory(token)
         self._scheme = "grpc" if tls is None else "grpc+tls"
         super().__init__(
             f"{self._scheme}://{host}:{port}",
             tls_certificates=[] if tls is None else [fl.CertKeyPair(*tls.pem())],
-            middleware={"auth": _BearerFactory(token), "params": _ParamsFactory()},
+            middleware={"auth": self._auth, "params": _ParamsFactory()},
         )
         self.engine = engine
         self.host = host
         self._forward = forward
         self._cap = (limits or ServerLimits()).max_concurrent_queries
         self._queries = threading.BoundedSemaphore(self._cap)
+
+    def reconfigure(self, token: str | None) -> None:
+        """Take a new token from the next call on."""
+        self._auth.token = token
 
     @property
     def location(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import ssl
@@ -304,6 +305,17 @@ class HttpQueryServer:
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="buffer-http", daemon=True
+        )
+
+    def reconfigure(self, token: str | None, limits: ServerLimits) -> None:
+        """Take a new token and per-request bounds (`max_request_bytes`, `request_timeout`)
+        from the next request on; the connection and query caps stay as started."""
+        server = self._server
+        server.token = token
+        server.limits = dataclasses.replace(
+            limits,
+            max_connections=server.limits.max_connections,
+            max_concurrent_queries=server.limits.max_concurrent_queries,
         )
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -66,13 +67,19 @@ def _config_check(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hakafka import logs
 
-    config = load_with_table_columns(args.config)
-    sink = logs.configure(args.log_format, args.log_level, logs.LogSink(args.log_file))
+    def read() -> Config:
+        config = load_with_table_columns(args.config)
+        if args.log_level is None:
+            return config
+        return dataclasses.replace(config, log_level=logs.LogLevel(args.log_level))
+
+    config = read()
+    sink = logs.configure(args.log_format, config.log_level, logs.LogSink(args.log_file))
     # Only `run` loads the daemon (and with it Spark).
     from hakafka.daemon import Daemon, StartupError
 
     try:
-        return Daemon(config, sink).run()
+        return Daemon(config, sink, reload=read).run()
     except StartupError as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -538,7 +545,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--log-format", choices=("json", "console"), default="json", help="log line format"
     )
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    run.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help="overrides the config's log_level (then a reload does not change it)",
+    )
     run.add_argument(
         "--log-file",
         type=Path,

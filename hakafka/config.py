@@ -43,6 +43,7 @@ from hakafka.consumer import (
 )
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from hakafka.consumer.schema import parse_path
+from hakafka.logs import LogLevel
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
 
@@ -335,6 +336,8 @@ class Config:
     server: NodeServerConfig
     pipelines: tuple[PipelineConfig, ...]
     schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
+    # The least severe log level written (`hakafka run --log-level` overrides it).
+    log_level: LogLevel = LogLevel.INFO
     source: str = ""
 
     def pipeline(self, name: str) -> PipelineConfig:
@@ -849,6 +852,7 @@ def parse_config(
         server=_server(r.table("server")),
         pipelines=tuple(pipelines),
         schema_registry=_schema_registry(r.table("schema_registry"), pipelines),
+        log_level=r.choice("log_level", LogLevel, d.log_level),
         source=source,
     )
     _check_advertise(config, problems)

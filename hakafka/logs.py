@@ -16,12 +16,25 @@ import os
 import sys
 import threading
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
 
 FORMATS = ("json", "console")
+
+
+class LogLevel(StrEnum):
+    """The least severe level that is written (`log_level`; SIGHUP applies a change)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+_SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40, "exception": 40, "critical": 50}
 # syslog priorities of structlog's level names (journald reads them from a `<N>` prefix).
 _PRIORITIES = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
@@ -61,6 +74,8 @@ class LogSink:
         self.path = path
         self._lock = threading.Lock()
         self._stream: IO[str] = self._open()
+        self.level = LogLevel.INFO
+        """The least severe level written; `configure` sets it, a reload may change it."""
         self.journal = is_journal(self._stream)
         """Lines go to the journal: each starts with its priority."""
 
@@ -97,10 +112,18 @@ class LogSink:
 
 def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = None) -> LogSink:
     """Configure structlog once per process; stdlib loggers (kazoo, py4j) write WARNING and
-    up through the same renderer to the same sink, so every line has one format."""
+    up through the same renderer to the same sink, so every line has one format. Events
+    below the sink's `level` are dropped; changing it takes effect at once."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = sink or LogSink()
+    out.level = LogLevel(level)
+
+    def below_level(_logger: Any, name: str, event: Any) -> Any:
+        if _SEVERITY.get(name, 20) < _SEVERITY[out.level]:
+            raise structlog.DropEvent
+        return event
+
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
@@ -111,6 +134,7 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
+            below_level,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             stamp,
@@ -118,7 +142,7 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -17,6 +17,7 @@ SIGUSR1 dumps every thread's stack to stderr.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import gc
 import os
@@ -24,7 +25,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 
 import pyarrow as pa
@@ -39,6 +40,7 @@ from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.daemon.forwarding import Forwarder
 from hakafka.daemon.history import StatusHistory, sample_of
 from hakafka.daemon.page import status_page
+from hakafka.daemon.reload import plan_reload
 from hakafka.daemon.report import node_status
 from hakafka.daemon.reshard_follower import ReshardFollower
 from hakafka.daemon.settings_guard import SettingsGuard
@@ -112,7 +114,14 @@ def node_info(config: Config, http_port: int, flight_port: int) -> NodeInfo:
 class Daemon:
     """One node of a hakafka cluster."""
 
-    def __init__(self, config: Config, logs: LogSink | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        logs: LogSink | None = None,
+        reload: Callable[[], Config] | None = None,
+    ) -> None:
+        """`reload` reads the config again (SIGHUP, `systemctl reload`); None: SIGHUP only
+        reopens the log file."""
         self.config = config
         self.logs = logs
         self.metrics = Metrics.create()
@@ -124,7 +133,8 @@ class Daemon:
         self.started_at = time.time()
         self._stop = threading.Event()
         self._signals: list[str] = []  # names of the stop signals received
-        self._reopen_logs = threading.Event()
+        self._reload = reload
+        self._hup = threading.Event()
         self.history = StatusHistory()
         self._page = status_page()
         token = config.server.token.value or None
@@ -171,7 +181,7 @@ class Daemon:
             token,
             client_tls(config),
         )
-        pipelines = PipelineFactory(
+        self.pipelines = pipelines = PipelineFactory(
             config,
             self.coordinator,
             self.spark.start,
@@ -233,11 +243,12 @@ class Daemon:
         interval = self.notifier.watchdog_interval
         next_ping = 0.0
         while not self._stop.wait(MAIN_LOOP_S if interval is None else min(MAIN_LOOP_S, interval)):
-            if self._reopen_logs.is_set():
-                self._reopen_logs.clear()
+            if self._hup.is_set():
+                self._hup.clear()
                 if self.logs is not None:
                     self.logs.reopen()
                 log.info("daemon.logs_reopened")
+                self._reload_config()
             now = time.monotonic()
             if interval is not None and now >= next_ping and self.healthy():
                 self.notifier.watchdog()
@@ -293,7 +304,7 @@ class Daemon:
             self._stop.set()
 
         def on_hup(_signum: int, _frame: FrameType | None) -> None:
-            self._reopen_logs.set()
+            self._hup.set()
 
         # SIGUSR1 dumps every thread's stack to stderr: how to see where a stuck daemon waits.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -365,6 +376,31 @@ class Daemon:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+
+    def _reload_config(self) -> None:
+        """Read the config again; apply what may change live, log what may not (by key)."""
+        if self._reload is None:
+            return
+        try:
+            read = self._reload()
+        except Exception as exc:  # a bad file: keep running as configured (ConfigError says why)
+            log.error("config.reload_failed", error=str(exc))
+            return
+        plan = plan_reload(self.config, read)
+        for refusal in plan.refused:
+            log.warning("config.reload_refused", key=refusal.key, reason=refusal.reason)
+        config = self.config = plan.config
+        token = config.server.token.value or None
+        self.http.reconfigure(token, server_limits(config))
+        self.flight.reconfigure(token)
+        self.forwarder = dataclasses.replace(self.forwarder, token=token)
+        self.engine.limits = query_limits(config)
+        self.pipelines.reconfigure(config)
+        for runner in self.runners:
+            runner.retune(config, config.server.stuck_after)
+        if self.logs is not None:
+            self.logs.level = config.log_level
+        log.info("config.reloaded", applied=list(plan.applied), refused=len(plan.refused))
 
     def _forward(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
         """The query servers' `forward` (built before the forwarder, which needs their ports)."""

@@ -48,6 +48,7 @@ from typing import Any
 
 import structlog
 
+from hakafka.config import Config
 from hakafka.coordination import (
     BecameLeader,
     CoordinationError,
@@ -174,6 +175,16 @@ class ShardRunner:
     def withdraw(self, reason: str) -> None:
         """Stop the pipelines as for a hand-over and leave the election until `stand()`."""
         self._events.put(_Candidacy(stand=False, reason=reason))
+
+    def retune(self, config: Config, stuck_after_s: float) -> None:
+        """Apply a reloaded config's live settings: each running pipeline's `[buffer]`
+        thresholds and limit, and `stuck_after`. Called from the main thread: both are plain
+        reads for the threads that use them."""
+        self._stuck_after = stuck_after_s
+        buffers = {p.name: p.buffer for p in config.pipelines}
+        for p in list(self.pipelines):
+            if (buffer := buffers.get(p.config.name)) is not None:
+                p.retune(buffer)
 
     def reshard(self, request: str | None) -> None:
         """The reshard in progress (an id: drain and hold, and report it) or None (it ended:

@@ -6,6 +6,7 @@ own fenced view of ZooKeeper, and a consumer and WAL opened on its pipeline thre
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -60,6 +61,15 @@ class PipelineFactory:
             _Pipeline(p, schema, PipelineSink(self.config, p, schema, self.spark))
             for p in self.config.pipelines
             for schema in (pipeline_schema(p),)
+        ]
+
+    def reconfigure(self, config: Config) -> None:
+        """Build later terms' pipelines with `config` (a reload changed only what a running
+        pipeline may take: its `[buffer]` settings)."""
+        by_name = {p.name: p for p in config.pipelines}
+        self.config = config
+        self._pipelines = [
+            dataclasses.replace(p, config=by_name[p.config.name]) for p in self._pipelines
         ]
 
     def for_shard(

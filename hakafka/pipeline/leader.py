@@ -25,6 +25,7 @@ finish within a grace period.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 import structlog
 
 from buffer import Catalog, MemoryTable, OffsetRange
-from hakafka.config import PipelineConfig
+from hakafka.config import PipelineBufferConfig, PipelineConfig
 from hakafka.consumer import DecodeError, Decoder, ShardAssignment
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError
@@ -153,6 +154,14 @@ class PipelineLeader:
         for table in (self.buffer.rows, self.buffer.dead):
             self._catalog.add(table, self.shard)
             self._registered.append(table)
+
+    def retune(self, buffer: PipelineBufferConfig) -> None:
+        """Flush at `buffer`'s thresholds and hold at most its `limit_bytes` from now on (a
+        reloaded config); the block in flight, if any, is not affected."""
+        self._flush.thresholds = thresholds_of(dataclasses.replace(self.config, buffer=buffer))
+        self.buffer.limit_bytes = buffer.limit_bytes
+        self.config = dataclasses.replace(self.config, buffer=buffer)
+        self._log.info("pipeline.retuned", **dataclasses.asdict(buffer))
 
     def suspend(self) -> None:
         """Stop side effects at once (ZooKeeper connection lost); state is kept."""

@@ -19,6 +19,7 @@ from buffer import MemoryTable, QueryError, SqlEngine
 from buffer.client import QueryFailedError, query
 from buffer.flight import FlightQueryServer
 from buffer.http import HttpQueryServer
+from buffer.limits import ServerLimits
 
 TOKEN = "s3cret-token"
 GROUP_SQL = (
@@ -345,3 +346,24 @@ def test_both_servers_report_each_query_with_its_protocol_result_and_time(
         ("flight", "query_error"),
     ]
     assert all(0 < seconds < 30 for _, _, seconds in heard)
+
+
+def test_a_new_token_takes_effect_at_the_next_request(engine: SqlEngine) -> None:
+    # What `systemctl reload` does after the token file changed.
+    http = HttpQueryServer(engine, token=TOKEN)
+    http.start()
+    flight = FlightQueryServer(engine, token=TOKEN)
+    url = f"{http.url}/query?sql=SELECT%201"
+    try:
+        http.reconfigure("rotated-token", ServerLimits())
+        flight.reconfigure("rotated-token")
+        assert http_get(url)[0] == 401
+        assert http_get(url, token="rotated-token")[0] == 200
+        client = fl.connect(flight.location)
+        with pytest.raises(fl.FlightUnauthenticatedError):
+            client.do_get(fl.Ticket(b"SELECT 1"), auth_options()).read_all()
+        assert client.do_get(fl.Ticket(b"SELECT 1"), auth_options("rotated-token")).read_all()
+        client.close()
+    finally:
+        http.close()
+        flight.shutdown()
