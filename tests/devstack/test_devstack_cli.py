@@ -55,7 +55,8 @@ def test_up_status_down_leaves_no_process(tmp_path: Path, reap: None) -> None:
         status = devstack_cli("status", "--root", str(root), "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         services = json.loads(status.stdout)
-        assert sorted(s["name"] for s in services) == ["clickhouse", "kafka", "zookeeper"]
+        names = ["clickhouse", "kafka", "schema_registry", "zookeeper"]
+        assert sorted(s["name"] for s in services) == names
         assert all(s["healthy"] for s in services), services
         # What a user reads: one line per service with its PID, endpoint and "healthy".
         plain = devstack_cli("status", "--root", str(root))
@@ -64,9 +65,10 @@ def test_up_status_down_leaves_no_process(tmp_path: Path, reap: None) -> None:
         scheme = {
             "clickhouse": "http://127.0.0.1:",
             "kafka": "127.0.0.1:",
+            "schema_registry": "http://127.0.0.1:",
             "zookeeper": "127.0.0.1:",
         }
-        assert [line[0] for line in lines] == ["clickhouse", "kafka", "zookeeper"], plain.stdout
+        assert [line[0] for line in lines] == names, plain.stdout
         for line in lines:
             name = line[0]
             expected = next(s for s in services if s["name"] == name)
@@ -78,6 +80,7 @@ def test_up_status_down_leaves_no_process(tmp_path: Path, reap: None) -> None:
             "HAKAFKA_ZK_HOSTS=127.0.0.1:",
             "HAKAFKA_KAFKA_BOOTSTRAP=127.0.0.1:",
             "HAKAFKA_CLICKHOUSE_URL=http://127.0.0.1:",
+            "HAKAFKA_SCHEMA_REGISTRY_URL=http://127.0.0.1:",
         ):
             assert var in env
         pids = [s["pid"] for s in services]
@@ -85,7 +88,7 @@ def test_up_status_down_leaves_no_process(tmp_path: Path, reap: None) -> None:
     finally:
         down = devstack_cli("down", "--root", str(root))
     assert down.returncode == 0, down.stderr
-    assert down.stdout.count("stopped ") == 3
+    assert down.stdout.count("stopped ") == 4
     assert not [pid for pid in pids if pid_alive(pid)], "a service outlived `dev down`"
     assert not processes_under(root), "a process under the stack root outlived `dev down`"
     after = devstack_cli("status", "--root", str(root))
