@@ -82,6 +82,13 @@ def _json_rows(batch: pa.RecordBatch) -> bytes:
     return json.dumps(rows, default=_json_value, allow_nan=False)[1:-1].encode()
 
 
+def json_document(table: pa.Table) -> bytes:
+    """``table``'s rows as one JSON array of objects, encoded as the servers' JSON answers
+    are (ISO 8601 times, decimals as strings, NaN and ±Inf as null)."""
+    parts = [_json_rows(batch) for batch in table.to_batches() if batch.num_rows]
+    return b"[" + b",".join(parts) + b"]"
+
+
 class _Chunks:
     """A write-only file collecting what an Arrow writer writes, as the answer's chunks."""
 

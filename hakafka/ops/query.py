@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +11,7 @@ import pyarrow.csv as pacsv
 
 from buffer.client import PlainTextRefusedError, QueryFailedError
 from buffer.client import query as remote_query
+from buffer.formats import json_document
 from buffer.tls import ClientTls
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.ops.cluster import OpsError, format_table
@@ -75,7 +75,7 @@ def render(table: pa.Table, fmt: str) -> bytes:
         text = format_table(table.column_names, rows)
         return f"{text}\n({table.num_rows} rows)\n".encode()
     if fmt == "json":
-        return (json.dumps(table.to_pylist(), default=str) + "\n").encode()
+        return json_document(table) + b"\n"
     sink = io.BytesIO()
     if fmt == "csv":
         pacsv.write_csv(table, sink)
