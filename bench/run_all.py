@@ -26,7 +26,10 @@ ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
 TIMEOUT_S = 1500  # per benchmark: e2e and takeover take about 10 minutes each
 # The heading of a section, after its name, when the name alone does not say what it measures.
-TITLES = {"exactly_once": "Exactly-once under drift and resharding (#21)"}
+TITLES = {
+    "exactly_once": "Exactly-once under drift and resharding (#21)",
+    "security": "What failing closed costs (#22)",
+}
 HEADER = """# Benchmark results
 
 Every figure is printed next to a raw baseline measured in the same run on the same machine,
