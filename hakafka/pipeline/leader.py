@@ -158,9 +158,9 @@ class PipelineLeader:
     def retune(self, buffer: PipelineBufferConfig) -> None:
         """Flush at `buffer`'s thresholds and hold at most its `limit_bytes` from now on (a
         reloaded config); the block in flight, if any, is not affected."""
-        self._flush.thresholds = thresholds_of(dataclasses.replace(self.config, buffer=buffer))
-        self.buffer.limit_bytes = buffer.limit_bytes
         self.config = dataclasses.replace(self.config, buffer=buffer)
+        self._flush.thresholds = thresholds_of(self.config)
+        self.buffer.limit_bytes = buffer.limit_bytes
         self._log.info("pipeline.retuned", **dataclasses.asdict(buffer))
 
     def suspend(self) -> None:
