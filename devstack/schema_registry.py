@@ -15,17 +15,23 @@ its serializers). Routes:
 Schemas are kept as the client sent them (the Python Protobuf serializer sends base64
 FileDescriptorProtos, which is also what `format=serialized` asks for). State lives in
 `<data>/registry.json`, rewritten atomically on every change, so a stop and start on the
-same data directory keeps every id. Binds 127.0.0.1. `SchemaRegistryService` starts it as
-`python -m devstack.schema_registry` and stops it by PID.
+same data directory keeps every id. Binds 127.0.0.1. With `auth` (user, password; passed
+to the process in `AUTH_ENV`, never on its command line) every request needs HTTP basic auth,
+else 401 (error code 40101). `SchemaRegistryService` starts it as `python -m
+devstack.schema_registry` and stops it by PID.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import hmac
 import json
+import os
 import re
 import sys
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -43,6 +49,7 @@ from devstack.process import (
 )
 
 SERVER_MODULE = "devstack.schema_registry"
+AUTH_ENV = "HAKAFKA_DEVSTACK_REGISTRY_AUTH"  # "user:password" the registry requires, if set
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
@@ -157,7 +164,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-def _handler(state: RegistryState) -> type[BaseHTTPRequestHandler]:
+def _handler(state: RegistryState, auth: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -176,6 +183,9 @@ def _handler(state: RegistryState) -> type[BaseHTTPRequestHandler]:
             path = urllib.parse.unquote(self.path.split("?", 1)[0]).rstrip("/") or "/"
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else {}
+            if auth and not self._authorized():
+                self._reply(401, {"error_code": 40101, "message": "Unauthorized"})
+                return
             for method, pattern, name in _ROUTES:
                 found = pattern.match(path)
                 if method == self.command and found:
@@ -187,6 +197,11 @@ def _handler(state: RegistryState) -> type[BaseHTTPRequestHandler]:
             self._reply(404, {"error_code": 404, "message": f"no route {self.command} {path}"})
 
         do_GET = do_POST = do_PUT = _route  # noqa: N815 - http.server's names
+
+        def _authorized(self) -> bool:
+            given = self.headers.get("Authorization", "")
+            expected = "Basic " + base64.b64encode(auth.encode()).decode()
+            return hmac.compare_digest(given.encode(), expected.encode())
 
         def register(self, body: dict[str, Any], subject: str) -> dict[str, Any]:
             e = state.register(subject, body)
@@ -228,10 +243,13 @@ def _handler(state: RegistryState) -> type[BaseHTTPRequestHandler]:
 class SchemaRegistryService:
     """One registry process on 127.0.0.1; `root` holds its state file and log."""
 
-    def __init__(self, root: Path, *, port: int | None = None) -> None:
+    def __init__(
+        self, root: Path, *, port: int | None = None, auth: tuple[str, str] | None = None
+    ) -> None:
         self.root = Path(root)
         self.host = LOOPBACK
         self.port = port if port is not None else free_port()
+        self._auth = ":".join(auth) if auth else ""
         self._process: ManagedProcess | None = None
 
     @property
@@ -259,6 +277,7 @@ class SchemaRegistryService:
             argv=[sys.executable, "-m", SERVER_MODULE, f"--port={self.port}", data_arg],
             log_path=self.root / "schema_registry.log",
             marker=data_arg,
+            env={AUTH_ENV: self._auth},
         )
         process.start()
         self._process = process
@@ -274,10 +293,12 @@ class SchemaRegistryService:
 
 
 def registry_healthy(url: str) -> bool:
-    """True if the registry at `url` answers `GET /subjects`."""
+    """True if the registry at `url` answers `GET /subjects` (a 401 counts: it answers)."""
     try:
         with urllib.request.urlopen(f"{url}/subjects", timeout=2.0) as response:
             return bool(response.status == 200)
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401
     except OSError:
         return False
 
@@ -289,7 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)
     state = RegistryState(args.data / "registry.json")
-    server = ThreadingHTTPServer((LOOPBACK, args.port), _handler(state))
+    server = ThreadingHTTPServer(
+        (LOOPBACK, args.port), _handler(state, os.environ.get(AUTH_ENV, ""))
+    )
     server.daemon_threads = True
     server.serve_forever()
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from devstack.process import running
 from devstack.schema_registry import SchemaRegistryService
 from hakafka.consumer import ColumnSpec, Format, PipelineSchema, make_decoder
 from hakafka.consumer.errors import SchemaError
@@ -213,3 +214,18 @@ def test_a_column_path_is_refused_for_avro(registry: SchemaRegistryService) -> N
     schema = PipelineSchema((ColumnSpec("id", "Int64", path="user.id"),))
     with pytest.raises(SchemaError, match=r"a path \('user\.id'\) is read from JSON messages"):
         registry_decoder(registry, schema)
+
+
+def test_basic_auth_is_sent_and_refused_credentials_are_an_outage(tmp_path: Path) -> None:
+    service = SchemaRegistryService(tmp_path / "registry", auth=("svc", "s3cret"))
+    with running(service):
+        client = SchemaRegistryClient({"url": service.url, "basic.auth.user.info": "svc:s3cret"})
+        values = [serializer_for("avro", client, version=1)(i) for i in range(3)]
+        good = RegistrySettings(service.url, "svc", "s3cret")
+        batch = decode(make_decoder(Format.AVRO, SCHEMA, registry=good), values)
+        assert (batch.good, batch.bad) == (3, 0)
+        wrong = RegistrySettings(service.url, "svc", "wrong")
+        refused = make_decoder(Format.AVRO, SCHEMA, registry=wrong)
+        with pytest.raises(RegistryUnavailableError, match="HTTP status code 401") as raised:
+            decode(refused, values)
+        assert "wrong" not in str(raised.value) and "s3cret" not in str(raised.value)
