@@ -22,6 +22,7 @@ letter here too, never a block that cannot be inserted.
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ class WriterDecoder(_ArrowDecoder):
                     f"column {column.name!r}: a path ({column.path!r}) is read from JSON "
                     "messages only; Avro and Protobuf fields map to columns by name"
                 )
-        self._reading: Writer | None = None  # the group `_parse` reads, set per group
+        # The group `_parse` reads, per thread: the flush lane's Kafka re-fetch decodes with
+        # the same decoder while the consume lane does.
+        self._local = threading.local()
 
     @abstractmethod
     def _groups(self, values: list[bytes]) -> tuple[list[WriterGroup], dict[int, str]]:
@@ -104,7 +107,7 @@ class WriterDecoder(_ArrowDecoder):
             if group.writer.problem is not None:
                 bad.update(dict.fromkeys(group_idx, group.writer.problem))
                 continue
-            self._reading = group.writer
+            self._local.writer = group.writer
             parsed, spans = self._bisect(group.bodies, group_idx, b"", bad)
             tables += parsed
             order += [group_idx[p] for lo, hi in spans for p in range(lo, hi)]
@@ -116,12 +119,16 @@ class WriterDecoder(_ArrowDecoder):
         table, good_idx = self._check_required(table, good_idx, bad)
         return self._outcome(self._with_meta(table, good_idx, columns), columns, bad)
 
+    def _reading(self) -> Writer:
+        """The writer of the group this thread decodes."""
+        writer: Writer = self._local.writer
+        return writer
+
     def _parse_chunk(self, joined: bytes, values: list[bytes]) -> pa.Table:
         table = self._parse(joined, values)
         if table.num_rows != len(values):
             raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
-        assert self._reading is not None
-        converted = self._reading.converted
+        converted = self._reading().converted
         for i, name, mapped in self._converts:
             if name in converted:
                 table = table.set_column(i, name, _convert(table.column(i), mapped, name))
@@ -129,9 +136,8 @@ class WriterDecoder(_ArrowDecoder):
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         del joined
-        assert self._reading is not None
         try:
-            return self._reading.read(values)
+            return self._reading().read(values)
         except (pa.ArrowException, ValueError, RegistryUnavailableError):
             raise
         except Exception as exc:  # decoders raise EOFError, IndexError, ... on bad bytes

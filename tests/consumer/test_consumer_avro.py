@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,28 @@ def test_basic_auth_is_sent_and_refused_credentials_are_an_outage(tmp_path: Path
         with pytest.raises(RegistryUnavailableError, match="HTTP status code 401") as raised:
             decode(refused, values)
         assert "wrong" not in str(raised.value) and "s3cret" not in str(raised.value)
+
+
+def test_one_decoder_decodes_in_two_threads_at_once(registry: SchemaRegistryService) -> None:
+    # The flush lane's Kafka re-fetch and the consume lane share the term's decoder.
+    client = SchemaRegistryClient({"url": registry.url})
+    v1, v2 = serializer_for("avro", client, version=1), serializer_for("avro", client, version=2)
+    batches = [
+        [v1(i) for i in range(2000)] + [v1(0)[:-1]],  # one bad record: bisection, many parses
+        [v2(i) for i in range(2000)] + [v2(0)[:-1]],
+    ]
+    decoder = registry_decoder(registry)
+    alone = [declared(decode(decoder, b)) for b in batches]
+    failures: list[str] = []
+
+    def run(which: int) -> None:
+        for _ in range(20):
+            if declared(decode(decoder, batches[which])) != alone[which]:
+                failures.append(f"batch {which} decoded differently")
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and failures == []
