@@ -76,7 +76,8 @@ class ConsumeLane:
                 break
             except KafkaMetadataError as exc:
                 attempt += 1
-                _sleep_beating(self.lane.signals, self._metadata_retry("assign", exc, attempt))
+                delay = self._metadata_retry("assign", exc, attempt)
+                _sleep_beating(self.lane.signals, delay, "retrying Kafka metadata")
         self._recorded = consumer.position()
         self.lane.log.info(
             "consumer.assigned",
@@ -185,7 +186,7 @@ class ConsumeLane:
                     lane.log.warning(
                         "decode.registry_retry", error=str(exc), attempt=attempt, backoff_s=delay
                     )
-                    _sleep_beating(lane.signals, delay)
+                    _sleep_beating(lane.signals, delay, "waiting for the schema registry")
                     delay = min(delay * 2, REGISTRY_RETRY_MAX_S)
                     continue
                 if attempt:
@@ -239,10 +240,11 @@ class ConsumeLane:
             consumer.close()
 
 
-def _sleep_beating(signals: Signals, seconds: float) -> None:
-    """Wait `seconds`, beating; PipelineStopped if the pipeline stops meanwhile."""
+def _sleep_beating(signals: Signals, seconds: float, what: str) -> None:
+    """Wait `seconds`, beating; PipelineStopped ("stopped while <what>") if the pipeline stops
+    meanwhile."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         signals.beat()
         if signals.stop.wait(min(left, 0.2)):
-            raise PipelineStopped("stopped while waiting to retry")
+            raise PipelineStopped(f"stopped while {what}")
