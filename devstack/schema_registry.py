@@ -180,7 +180,8 @@ def _handler(state: RegistryState, auth: str) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _route(self) -> None:
-            path = urllib.parse.unquote(self.path.split("?", 1)[0]).rstrip("/") or "/"
+            # Matched still quoted: a subject may hold a slash (a Protobuf import's file name).
+            path = self.path.split("?", 1)[0].rstrip("/") or "/"
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else {}
             if auth and not self._authorized():
@@ -190,7 +191,8 @@ def _handler(state: RegistryState, auth: str) -> type[BaseHTTPRequestHandler]:
                 found = pattern.match(path)
                 if method == self.command and found:
                     try:
-                        self._reply(200, getattr(self, name)(body, *found.groups()))
+                        parts = [urllib.parse.unquote(g) if g else g for g in found.groups()]
+                        self._reply(200, getattr(self, name)(body, *parts))
                     except _NotFoundError as exc:
                         self._reply(404, {"error_code": exc.code, "message": str(exc)})
                     return

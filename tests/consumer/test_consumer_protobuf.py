@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from devstack.schema_registry import SchemaRegistryService
 from hakafka.consumer import Format, PipelineSchema, make_decoder
@@ -188,3 +188,30 @@ def test_the_clickhouse_types_from_protobuf_are_converted_and_checked_like_json(
     assert found[3].startswith("column 'kind': ") and "one of the Enum's names" in found[3]
     assert found[4].startswith("column 'fx': ") and "at most 4 bytes long" in found[4]
     assert len(found) == 3
+
+
+def test_a_schema_with_a_reference_resolves_it_from_the_registry(
+    registry: SchemaRegistryService,
+) -> None:
+    f = descriptor_pb2.FieldDescriptorProto
+    dep = descriptor_pb2.FileDescriptorProto(name="lib/dep.proto", package="lib", syntax="proto3")
+    dep.message_type.add(name="Inner").field.add(
+        name="x", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL
+    )
+    main = descriptor_pb2.FileDescriptorProto(name="app/main.proto", package="app", syntax="proto3")
+    main.dependency.append("lib/dep.proto")
+    outer = main.message_type.add(name="Outer")
+    outer.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    outer.field.add(
+        name="inner", number=2, type=f.TYPE_MESSAGE, type_name=".lib.Inner", label=f.LABEL_OPTIONAL
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(dep)
+    pool.Add(main)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("app.Outer"))
+    client = SchemaRegistryClient({"url": registry.url})
+    serialize = proto_serializer(client, cls)
+    values = [bytes(serialize(cls(id=i), VALUE_CONTEXT)) for i in range(3)]
+    assert "lib/dep.proto" in client.get_subjects()  # registered as a reference
+    batch = decode(decoder(registry, {"id": "Int64"}), values)
+    assert batch.bad == 0 and batch.rows.column("id").to_pylist() == [0, 1, 2]
