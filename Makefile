@@ -15,7 +15,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,local]'
+	$(PY) -m pip install -q -e '.[dev,local,connect]'
 	@touch $@
 
 install: $(STAMP) java systemd-analyze chromium

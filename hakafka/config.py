@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from buffer.limits import QueryLimits, ServerLimits
 from hakafka.consumer import (
@@ -211,6 +212,11 @@ class SparkConfig:
     on_followers: bool = False
     rows_per_task: int = 500_000
     conf: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The host Spark's executors reach this node's flush handoff at; "" = Spark's driver host
+    # (classic), 127.0.0.1 (Spark Connect: required when its server is on another host).
+    handoff_host: str = _checked("", _host_problem)
+    # The address the handoff listens on; "" = handoff_host (0.0.0.0 behind NAT).
+    handoff_bind: str = _checked("", _host_problem)
 
 
 @dataclass(frozen=True)
@@ -577,7 +583,16 @@ def _spark(r: _Reader) -> SparkConfig:
     for key, value in conf_reader.data.items():
         conf_reader.seen.add(key)
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    return r.section(SparkConfig, conf=conf)
+    spark = r.section(SparkConfig, conf=conf)
+    server = urlsplit(spark.remote).hostname if spark.remote else None
+    if server is not None and not _is_loopback(server) and not spark.handoff_host:
+        r.problem(
+            "handoff_host",
+            f"is required with a Spark Connect server on another host ({server}): its "
+            "executors fetch each block from this node; set it to the address they reach "
+            "this node at",
+        )
+    return spark
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

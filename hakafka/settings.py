@@ -59,6 +59,8 @@ def spark_settings(config: Config) -> SparkSettings:
         app_name=f"hakafka-{config.node}",
         driver_memory=s.driver_memory,
         conf=dict(s.conf),
+        handoff_host=s.handoff_host or None,
+        handoff_bind=s.handoff_bind or None,
     )
 
 

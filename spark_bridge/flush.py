@@ -11,10 +11,12 @@ written between the first attempt and the re-flush (see `tables.TableSpec.dedup_
 `flush_block` plans the tasks itself (by ``rows_per_task``); a caller that must re-flush
 with the same tasks later (the daemon) records the plan and calls `flush` with it.
 
-Each task fetches its slice from the driver over Arrow Flight (`handoff`); the slices never
-become Spark rows unless a transform needs them. Without a transform, the job is a plain RDD
-job of one task per slice (no SQL planning, no Arrow conversion through the JVM) that inserts
-its slice as it came. Flushing needs a classic SparkSession (the block lives in the driver).
+Each task fetches its slice from this process over Arrow Flight (`handoff`, at
+`runtime.handoff_address`); the slices never become Spark rows unless a transform needs them.
+The job is one DataFrame over `range(tasks)` in as many partitions, so it runs the same on a
+classic session (local or a cluster) and on Spark Connect, whose server has no access to this
+process but through the handoff. Without a transform each task inserts its slice as it came,
+and only its report (task, rows) passes through the JVM.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from spark_bridge.datasource import ClickHouseOptions, insert_task, spark_arrow_
 from spark_bridge.handoff import SliceHandoff, fetch_slice
 from spark_bridge.plan import FlushTask, bounds_of, cut, plan_tasks, sorted_rows
 from spark_bridge.replicas import Failover, Replica, RetryPolicy
+from spark_bridge.runtime import handoff_address
 from spark_bridge.transform import Transform, check_partitioning, load_transform
 
 if TYPE_CHECKING:
@@ -103,11 +106,14 @@ def _slice_ids(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
 
 
 def _fetch_and_insert(
-    location: str, tickets: Sequence[bytes], options: ClickHouseOptions, tasks: Iterator[int]
-) -> Iterator[tuple[int, int]]:
-    """Executor side, no transform: insert slice `i` (the RDD element) as task `i`."""
-    for task in tasks:
-        yield task, insert_task(options, task, fetch_slice(location, tickets[task])).rows
+    location: str,
+    tickets: Sequence[bytes],
+    options: ClickHouseOptions,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Executor side, no transform: insert slice `i` (the range value) as task `i`."""
+    for task in _slice_ids(batches):
+        yield _report(task, insert_task(options, task, fetch_slice(location, tickets[task])).rows)
 
 
 def _fetch(
@@ -155,12 +161,8 @@ class _BlockWrite:
             table = _spark_compatible(table)
         self.schema = table.schema
         self.tasks = tuple(tasks)
-        try:
-            self.context = spark.sparkContext
-        except Exception as exc:  # Spark Connect has no SparkContext
-            raise FlushError("flush needs a classic SparkSession (not Spark Connect)") from exc
-        host = self.context.getConf().get("spark.driver.host", "127.0.0.1")
-        self.handoff = SliceHandoff(host, [table.slice(t.start, t.rows) for t in self.tasks])
+        host, bind = handoff_address(spark)
+        self.handoff = SliceHandoff(host, [table.slice(t.start, t.rows) for t in self.tasks], bind)
 
     def close(self) -> None:
         self.handoff.close()
@@ -177,18 +179,20 @@ class _BlockWrite:
         )
         count = len(self.tasks)
         location, tickets = self.handoff.location, self.handoff.tickets
+        # Partition i of range(count) in count partitions holds exactly the value i.
+        task_ids = self.spark.range(0, count, 1, count)
         if self.transform is None:
             insert = functools.partial(_fetch_and_insert, location, tickets, options)
-            tasks = self.context.parallelize(range(count), count)
-            return list(tasks.mapPartitions(insert).collect())
-        from pyspark.sql.pandas.types import from_arrow_schema
+            df = task_ids.mapInArrow(insert, _REPORT_SCHEMA)
+        else:
+            from pyspark.sql.pandas.types import from_arrow_schema
 
-        block_df = self.spark.range(0, count, 1, count).mapInArrow(
-            functools.partial(_fetch, location, tickets), from_arrow_schema(self.schema)
-        )
-        out = self.transform(block_df)
-        check_partitioning(out, f"transform {self.target.transform!r}")
-        df = out.mapInArrow(functools.partial(_insert_partition, options), _REPORT_SCHEMA)
+            block_df = task_ids.mapInArrow(
+                functools.partial(_fetch, location, tickets), from_arrow_schema(self.schema)
+            )
+            out = self.transform(block_df)
+            check_partitioning(out, f"transform {self.target.transform!r}")
+            df = out.mapInArrow(functools.partial(_insert_partition, options), _REPORT_SCHEMA)
         return [(int(row[0]), int(row[1])) for row in df.collect()]
 
 

@@ -4,8 +4,10 @@ The block lives in the driver's memory as Arrow. A short-lived Arrow Flight serv
 driver's address serves each slice to the task that asks for it by ticket, straight from the
 driver's buffers: nothing is pickled, copied through the JVM or written to a temp file, which
 is what a broadcast of the same bytes costs (measured: the broadcast of a 1M-row block took
-longer than inserting it). Executors reach the driver's address by construction, so this holds
-on a cluster as it does in local mode. Each ticket carries a random secret: a process that
+longer than inserting it). The server listens on `bind` and tells the tasks `host`: on a
+cluster, an address the executors reach this process at (`runtime.handoff_address`: the
+driver's host by default, which executors reach by construction; with Spark Connect the
+daemon is not the driver, so it is configured). Each ticket carries a random secret: a process that
 can reach the port but was not handed the ticket cannot read the block.
 """
 
@@ -35,11 +37,12 @@ class _SliceServer(flight.FlightServerBase):  # type: ignore[misc]
 
 
 class SliceHandoff:
-    """Serves `slices` (slice `i` under `tickets[i]`) at `location` until closed."""
+    """Serves `slices` (slice `i` under `tickets[i]`) on `bind` (default `host`) until closed;
+    tasks reach it at `location`, on `host`."""
 
-    def __init__(self, host: str, slices: Sequence[pa.Table]) -> None:
+    def __init__(self, host: str, slices: Sequence[pa.Table], bind: str | None = None) -> None:
         self.tickets = tuple(secrets.token_bytes(16) for _ in slices)
-        self._server = _SliceServer(host, dict(zip(self.tickets, slices, strict=True)))
+        self._server = _SliceServer(bind or host, dict(zip(self.tickets, slices, strict=True)))
         # Serving starts here. `serve()` is never called: it only waits, and while it waits
         # Arrow's signal handler replaces the process's SIGTERM/SIGINT handlers.
         self.location = f"grpc://{host}:{self._server.port}"

@@ -7,6 +7,10 @@ file instead, mode 0600 in a private temporary directory that is deleted once th
 (The launcher still turns `spark.driver.extraJavaOptions` and `spark.driver.memory` into JVM
 arguments: no secret belongs in those.)
 A Spark Connect URL (`;token=...`) is logged and quoted in errors only through `redact`.
+
+Where the flush's handoff serves (`handoff_address`) travels in the session's own conf
+(`spark.hakafka.handoff.host`, `.bind`), so a flush reads it from the session it is given,
+classic or Spark Connect.
 """
 
 from __future__ import annotations
@@ -32,6 +36,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("spark_bridge.runtime")
 
 LOOPBACK = "127.0.0.1"
+# The host Spark tasks fetch block slices from, and the address the handoff listens on.
+HANDOFF_HOST_CONF = "spark.hakafka.handoff.host"
+HANDOFF_BIND_CONF = "spark.hakafka.handoff.bind"
+
+# PySpark's flag that this process is in Spark Connect mode: a Connect session sets it, and
+# while it is set every new session (a classic one too, in this process or its children) is
+# a Connect one. `SparkRuntime` puts it back as it found it when its session is gone.
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 # Runtime SQL settings the bridge relies on; `prepare_session` sets them on any session.
 SESSION_SQL_CONF: Mapping[str, str] = {
@@ -48,8 +60,11 @@ class SparkStartError(RuntimeError):
 class SparkSettings:
     """Where and how Spark runs. `remote` (a Spark Connect URL) wins over `master`.
 
-    `conf` is passed through last, so it overrides every default chosen here. `remote` and
-    `conf` may hold secrets: they are left out of the repr.
+    `handoff_host` is the address Spark's tasks reach this process's slice handoff at (None:
+    the driver's host with a classic session, 127.0.0.1 with Spark Connect), `handoff_bind`
+    the address the handoff listens on (None: `handoff_host`). `conf` is passed through last,
+    so it overrides every default chosen here. `remote` and `conf` may hold secrets: they are
+    left out of the repr.
     """
 
     master: str = "local[2]"
@@ -58,6 +73,8 @@ class SparkSettings:
     driver_memory: str = "2g"
     conf: Mapping[str, str] = field(default_factory=dict, repr=False)
     ui_enabled: bool = False
+    handoff_host: str | None = None
+    handoff_bind: str | None = None
 
     @property
     def where(self) -> str:
@@ -67,22 +84,45 @@ class SparkSettings:
     def spark_conf(self) -> dict[str, str]:
         """The full Spark configuration the session is built with."""
         conf: dict[str, str] = {
-            "spark.ui.enabled": str(self.ui_enabled).lower(),
-            "spark.ui.showConsoleProgress": "false",
             # Large Arrow batches: fewer JVM <-> Python round trips per task.
             "spark.sql.execution.arrow.maxRecordsPerBatch": "200000",
-            "spark.python.worker.reuse": "true",
             **SESSION_SQL_CONF,
         }
+        # The rest configure a driver; a Spark Connect server refuses them from a session.
         if self.remote is None:
+            conf["spark.ui.enabled"] = str(self.ui_enabled).lower()
+            conf["spark.ui.showConsoleProgress"] = "false"
+            conf["spark.python.worker.reuse"] = "true"
             conf["spark.driver.memory"] = self.driver_memory
             # Executors' Python must be the driver's (same packages, editable installs).
             conf["spark.pyspark.python"] = sys.executable
-            if self.master.startswith("local"):
+            if _on_loopback(self.master):
                 conf["spark.driver.host"] = LOOPBACK
                 conf["spark.driver.bindAddress"] = LOOPBACK
+        # A Connect server's driver is not this process: its host is no default for ours.
+        handoff = self.handoff_host or (LOOPBACK if self.remote is not None else None)
+        if handoff:
+            conf[HANDOFF_HOST_CONF] = handoff
+        if self.handoff_bind:
+            conf[HANDOFF_BIND_CONF] = self.handoff_bind
         conf.update(self.conf)
         return conf
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether `master` runs on this host's loopback: local mode or a standalone master at
+    127.0.0.1/localhost (the dev stack's), whose executors then reach the driver there."""
+    host = master.removeprefix("spark://").split(":", 1)[0]
+    return master.startswith("local") or host in (LOOPBACK, "localhost")
+
+
+def handoff_address(spark: SparkSession) -> tuple[str, str]:
+    """``(host, bind)`` of the slice handoff for flushes through `spark`: the host its tasks
+    connect to (`HANDOFF_HOST_CONF`, else the driver's host) and the address to listen on
+    (`HANDOFF_BIND_CONF`, else that host)."""
+    host = spark.conf.get(HANDOFF_HOST_CONF, None) or spark.conf.get("spark.driver.host", None)
+    host = host or LOOPBACK
+    return host, spark.conf.get(HANDOFF_BIND_CONF, None) or host
 
 
 def prepare_session(spark: SparkSession) -> None:
@@ -101,6 +141,7 @@ class SparkRuntime:
         self.settings = settings or SparkSettings()
         self._session: SparkSession | None = None
         self._lock = threading.Lock()
+        self._connect_mode_before = os.environ.get(CONNECT_MODE_ENV)
 
     @property
     def session(self) -> SparkSession:
@@ -128,9 +169,11 @@ class SparkRuntime:
         builder = builder.remote(self.settings.remote)
         for key, value in self.settings.spark_conf().items():
             builder = builder.config(key, value)
+        self._connect_mode_before = os.environ.get(CONNECT_MODE_ENV)
         try:
             session: SparkSession = builder.getOrCreate()
         except Exception as exc:
+            _set_env(CONNECT_MODE_ENV, self._connect_mode_before)
             # PySpark quotes the URL (with its token) in its errors.
             raise SparkStartError(
                 f"cannot start a Spark Connect session at {self.settings.where}: {redact(str(exc))}"
@@ -154,12 +197,15 @@ class SparkRuntime:
         return session
 
     def stop(self) -> None:
-        """Stop the session (no-op if not started)."""
+        """Stop the session (no-op if not started); after a Spark Connect session the process
+        is out of Connect mode again."""
         with self._lock:
             if self._session is None:
                 return
             self._session.stop()
             self._session = None
+            if self.settings.remote:
+                _set_env(CONNECT_MODE_ENV, self._connect_mode_before)
             log.info("spark.stopped")
 
     def __enter__(self) -> SparkSession:
@@ -199,7 +245,12 @@ def _submit_args(*args: str) -> Iterator[None]:
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
+        _set_env(name, before)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    """Set the environment variable `name` to `value`, or unset it for None."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
