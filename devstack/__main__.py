@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from devstack.process import DevstackError
+from devstack.spark_cluster import SPARK_SERVICE
 from devstack.stack import DevStack
 
 EXIT_OK = 0
@@ -27,6 +28,9 @@ def _up(args: argparse.Namespace) -> int:
     stack = DevStack(args.root)
     began = time.monotonic()
     records = stack.up(zk_members=args.zk_members)
+    if args.spark:
+        stack.start_spark(args.spark)
+        records = stack.records()
     for r in records:
         print(f"{r.name:<11} pid {r.pid:<8} {r.endpoint}")
     print(f"stack up in {time.monotonic() - began:.1f} s; endpoints in {stack.env_path}")
@@ -75,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "up":
             sub.add_argument(
                 "--zk-members", type=int, choices=(1, 3), default=1, help="ZooKeeper members"
+            )
+            sub.add_argument(
+                "--spark",
+                action="append",
+                choices=tuple(SPARK_SERVICE),
+                default=[],
+                help="also start Spark (repeatable): a standalone master and worker, or a "
+                "Spark Connect server",
             )
         if name == "status":
             sub.add_argument("--json", action="store_true", help="print JSON")

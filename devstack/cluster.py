@@ -70,8 +70,10 @@ def render_config(
     rows_per_task: int = 500_000,
     spark_on_followers: bool = False,
     server: Mapping[str, Any] | None = None,
+    spark: Mapping[str, Any] | None = None,
 ) -> str:
-    """The TOML text of one node's config; `server` adds keys to its `[server]` table."""
+    """The TOML text of one node's config; `server` and `spark` add keys to (or replace
+    them in) its `[server]` and `[spark]` tables."""
     lines = [
         f"node = {_toml_value(node)}",
         f"shards = {_toml_value(list(shards))}",
@@ -95,8 +97,10 @@ def render_config(
     lines += [
         "",
         "[spark]",
-        'master = "local[2]"',
-        'driver_memory = "1g"',
+    ]
+    spark_keys = {"master": "local[2]", "driver_memory": "1g", **(spark or {})}
+    lines += [f"{k} = {_toml_value(v)}" for k, v in spark_keys.items()]
+    lines += [
         f"rows_per_task = {rows_per_task}",
         f"on_followers = {_toml_value(spark_on_followers)}",
     ]
@@ -263,6 +267,7 @@ class LocalCluster:
         rows_per_task: int | Mapping[str, int] = 500_000,
         spark_on_followers: bool = False,
         server: Mapping[str, Any] | None = None,
+        spark: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.stack = stack
@@ -281,6 +286,7 @@ class LocalCluster:
             database=database,
             spark_on_followers=spark_on_followers,
             server=server,
+            spark=spark,
         )
         self._rows_per_task = per_node
         self._ports = {node: (free_port(), free_port()) for node in nodes}

@@ -5,7 +5,8 @@
 until each is healthy, and records what it started in `<root>/stack.json` (PIDs, command
 lines, endpoints) and `<root>/stack.env` (endpoints as shell variables); if any service fails,
 it stops everything it started before reporting the error. `down` stops exactly those PIDs,
-and only while each still runs the recorded command line.
+and only while each still runs the recorded command line. `start_spark` (`up --spark MODE`)
+adds a Spark standalone cluster or a Spark Connect server to a running stack, recorded alike.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from devstack.clickhouse import ClickHouseService
 from devstack.kafka import KafkaBroker, broker_healthy
 from devstack.process import DevstackError, pid_alive, pid_cmdline, stop_pid
 from devstack.schema_registry import SchemaRegistryService, registry_healthy
+from devstack.spark_cluster import SPARK_HEALTH, SPARK_SERVICE, start_spark
 from devstack.zookeeper import ZooKeeperEnsemble, server_mode
 
 STATE_FILE = "stack.json"
@@ -79,6 +81,7 @@ _HEALTH: dict[str, Callable[[str], bool]] = {
     "kafka": _kafka_healthy,
     "clickhouse": _ch_healthy,
     "schema_registry": registry_healthy,
+    **SPARK_HEALTH,
 }
 
 
@@ -161,6 +164,20 @@ class DevStack:
         self.env_path.write_text(
             "".join(f"{var}={','.join(values)}\n" for var, values in env.items())
         )
+
+    def start_spark(self, modes: Sequence[str], *, timeout: float = 90.0) -> list[ServiceRecord]:
+        """Add the Spark services of `modes` ("standalone": a master and a worker, "connect":
+        a Spark Connect server) to the running stack, recorded with it so that `status` and
+        `down` see them; a mode already recorded is not started again. Returns the records of
+        every Spark service of the stack."""
+        recorded = self.records()
+        if not recorded:
+            raise DevstackError(f"no stack recorded in {self.state_path}: run `up` first")
+        names = {r.name for r in recorded}
+        new = [mode for mode in dict.fromkeys(modes) if SPARK_SERVICE[mode] not in names]
+        started = [_record(*service) for service in start_spark(self.root, new, timeout=timeout)]
+        self._save([*recorded, *started])
+        return [r for r in self.records() if r.name in SPARK_HEALTH]
 
     def down(self) -> list[ServiceRecord]:
         """Stop every recorded service by PID; return those that were stopped."""
