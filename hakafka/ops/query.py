@@ -63,7 +63,9 @@ def query_shards(
         url = leader.endpoints.flight
         try:
             tables.append(remote_query(url, sql, token, tls=tls, shard=shard))
-        except (QueryFailedError, PlainTextRefusedError) as exc:
+        except PlainTextRefusedError as exc:  # its text names the URL
+            raise OpsError(f"shard {shard}: its leader {leader.node}: {exc}") from None
+        except QueryFailedError as exc:
             raise OpsError(f"shard {shard}: its leader {leader.node} at {url}: {exc}") from None
     return pa.concat_tables(tables, promote_options="default")
 
