@@ -1,9 +1,10 @@
 """spark_bridge: the long-lived SparkSession, the flush of sealed Arrow blocks into ClickHouse
-with deterministic, deduplicated Spark tasks, and the ``clickhouse`` Spark data source.
+with deterministic, deduplicated Spark tasks, and the ``hakafka_clickhouse`` Spark data source.
 
 Names are imported on first use (PEP 562): ``spark_bridge.tables``, ``.connection``,
-``.replicas`` and ``.runtime`` load no pyspark, so a command that only creates tables or
-reads settings never pays for Spark. ``datasource``, ``flush`` and ``reader`` import pyspark.
+``.replicas``, ``.cluster`` and ``.runtime`` load no pyspark, so a command that only creates
+tables or reads settings never pays for Spark. ``datasource``, ``flush`` and ``reader``
+import pyspark.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from spark_bridge.cluster import Cluster, LiveBuffer, ShardReplicas
     from spark_bridge.connection import Connection
     from spark_bridge.datasource import ClickHouseDataSource, ClickHouseOptions
     from spark_bridge.flush import (
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
 
 # Each public name and the submodule that defines it.
 _SOURCES = {
+    "Cluster": "cluster",
+    "LiveBuffer": "cluster",
+    "ShardReplicas": "cluster",
     "Connection": "connection",
     "ClickHouseDataSource": "datasource",
     "ClickHouseOptions": "datasource",
@@ -69,6 +74,7 @@ _SOURCES = {
 __all__ = [
     "ClickHouseDataSource",
     "ClickHouseOptions",
+    "Cluster",
     "Connection",
     "Engine",
     "FlushBlock",
@@ -76,12 +82,14 @@ __all__ = [
     "FlushResult",
     "FlushTarget",
     "FlushTask",
+    "LiveBuffer",
     "NoWritableReplicaError",
     "PlanError",
     "Replica",
     "ReplicasExhaustedError",
     "RetryPolicy",
     "SchemaMismatchError",
+    "ShardReplicas",
     "SparkRuntime",
     "SparkSettings",
     "TableSpec",

@@ -1,25 +1,37 @@
-"""The ``clickhouse`` data source for Spark's Python Data Source API (writer and reader).
+"""The ``hakafka_clickhouse`` data source for Spark's Python Data Source API (writer, reader).
 
-Options (all strings): ``hosts`` (comma list of ``host:port``; the first reachable one is
-used), ``database``, ``table``, ``user``, ``password``, ``secure``, ``verify``, ``ca_cert``;
-writer: ``token_prefix`` (each task inserts once with ``insert_deduplication_token =
-<token_prefix>:<task index>``; without it ClickHouse deduplicates by the block's content
-hash; every insert runs with `DEDUP_INSERT_SETTINGS`); reader: ``columns``
-(comma list), ``where`` (a ClickHouse boolean expression), ``partition_by`` (an integer key
-to split into ``partitions`` ranges; without it one Spark partition per ClickHouse
-partition). Spark filters that map to ClickHouse (comparisons, IN, IS [NOT] NULL, NOT,
-LIKE prefix/suffix/substring) are pushed down into the WHERE clause.
+Not named ``clickhouse``: that is the official ClickHouse Spark connector's source, and Spark
+refuses or shadows a second source of one name (SPARK-46522, SPARK-50426).
+
+Options (all strings): ``hosts`` (comma list of ``host:port``: the replicas of one shard, the
+first reachable one is used), ``database``, ``table``, ``user``, ``password``, ``secure``,
+``verify``, ``ca_cert``; writer: ``token_prefix`` (each task inserts once with
+``insert_deduplication_token = <token_prefix>:<task index>``; without it ClickHouse
+deduplicates by the block's content hash; every insert runs with `DEDUP_INSERT_SETTINGS`);
+reader: ``shards`` (instead of ``hosts``: shards by ``;``, each its replicas by ``,`` in
+preference order; every shard is read once), ``columns`` (comma list), ``where`` (a
+ClickHouse boolean expression), ``committed_offsets`` (JSON partition -> next offset: only
+the rows below it), and as Spark's JDBC source ``partitionColumn`` (an integer key) with
+``numPartitions`` ranges per shard whose stride ``lowerBound``/``upperBound`` decide (the
+key's min and max by default; every row is read, the first and last ranges are open);
+without ``partitionColumn`` one Spark partition per ClickHouse partition of each shard.
+Spark filters that map to ClickHouse (comparisons, IN, IS [NOT] NULL, NOT, LIKE
+prefix/suffix/substring) are pushed down into the WHERE clause. A task reads its shard from
+one replica, the next ones after a failure (the result is whole before a row is yielded).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+import itertools
+import json
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
+import structlog
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -43,6 +55,7 @@ from pyspark.sql.datasource import (
 )
 
 from spark_bridge.chtypes import needs_text_cast, text_type
+from spark_bridge.cluster import Hosts, committed_condition, format_shards
 from spark_bridge.connection import Connection
 from spark_bridge.tables import quote_identifier, table_columns
 
@@ -50,7 +63,12 @@ if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
     from pyspark.sql.types import StructType
 
-SOURCE_NAME = "clickhouse"
+log = structlog.get_logger("spark_bridge.datasource")
+T = TypeVar("T")
+
+SOURCE_NAME = "hakafka_clickhouse"
+# Options renamed to Spark's JDBC names: an old name is refused with its new one.
+_RENAMED = {"partition_by": "partitionColumn", "partitions": "numPartitions"}
 # Sent with every insert, over whatever the user's profile or the server sets: a block is
 # deduplicated (`insert_deduplicate`; from ClickHouse 26 `deduplicate_insert` overrides it)
 # and written by the INSERT itself, not buffered and merged with other clients' rows into
@@ -84,6 +102,39 @@ def parse_hosts(raw: str) -> tuple[tuple[str, int], ...]:
     return tuple(hosts)
 
 
+def parse_shards(raw: str) -> tuple[Hosts, ...]:
+    """``"h1:1,h2:1;h3:1"`` as the replicas of each shard; ValueError names a bad entry."""
+    return tuple(parse_hosts(part) for part in raw.split(";") if part.strip())
+
+
+def _int_option(opts: Mapping[str, str], key: str, minimum: int | None = None) -> int | None:
+    raw = opts.get(key.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or (minimum is not None and value < minimum):
+        wanted = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise ValueError(f"option {key!r}: expected {wanted}, got {raw!r}")
+    return value
+
+
+def _parse_offsets(raw: str) -> dict[int, int]:
+    """The ``committed_offsets`` option: JSON ``{"partition": next_offset}``."""
+    try:
+        return {int(p): int(o) for p, o in json.loads(raw).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"option 'committed_offsets': expected JSON {{partition: offset}}, got {raw!r}"
+        ) from exc
+
+
+def _str_or_none(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
 def _split_list(raw: str | None) -> tuple[str, ...] | None:
     if not raw:
         return None
@@ -94,18 +145,24 @@ def _split_list(raw: str | None) -> tuple[str, ...] | None:
 class ClickHouseOptions:
     """The data source's options, parsed once; `to_options` gives them back as strings."""
 
-    hosts: tuple[tuple[str, int], ...]
+    hosts: Hosts
     database: str
     table: str
     connection: Connection = field(default_factory=Connection)
+    shard_hosts: tuple[Hosts, ...] = ()
+    """The replicas of each shard to read (``shards``); without it `hosts` is the one shard."""
     token_prefix: str | None = None
     task_tokens: tuple[str, ...] = ()
     """The token of each task by index, set by the flush (not a Spark option); without it a
     task's token is ``<token_prefix>:<task>``."""
     columns: tuple[str, ...] | None = None
     where: str | None = None
-    partition_by: str | None = None
-    partitions: int | None = None
+    committed_offsets: Mapping[int, int] | None = None
+    """Partition -> next offset: only the rows below it are read (`include_buffer`)."""
+    partition_column: str | None = None
+    num_partitions: int | None = None
+    lower_bound: int | None = None
+    upper_bound: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ClickHouseOptions:
@@ -114,21 +171,29 @@ class ClickHouseOptions:
         for key in ("database", "table"):
             if not opts.get(key):
                 raise ValueError(f"option {key!r} is required")
-        partitions = opts.get("partitions")
-        if partitions is not None and (not partitions.isdigit() or int(partitions) < 1):
-            raise ValueError(
-                f"option 'partitions': expected a positive integer, got {partitions!r}"
-            )
+        for old, new in _RENAMED.items():
+            if old in opts:
+                raise ValueError(f"option {old!r} is now {new!r} (as in Spark's JDBC source)")
+        partition_column = opts.get("partitioncolumn") or None
+        ranged = [k for k in ("numPartitions", "lowerBound", "upperBound") if k.lower() in opts]
+        if ranged and not partition_column:
+            raise ValueError(f"option {ranged[0]!r} needs option 'partitionColumn'")
+        shard_hosts = parse_shards(opts["shards"]) if opts.get("shards") else ()
+        committed = opts.get("committed_offsets")
         return cls(
-            hosts=parse_hosts(opts.get("hosts", "")),
+            hosts=shard_hosts[0] if shard_hosts else parse_hosts(opts.get("hosts", "")),
             database=opts["database"],
             table=opts["table"],
             connection=Connection.from_options(opts),
+            shard_hosts=shard_hosts,
             token_prefix=opts.get("token_prefix") or None,
             columns=_split_list(opts.get("columns")),
             where=opts.get("where") or None,
-            partition_by=opts.get("partition_by") or None,
-            partitions=int(partitions) if partitions else None,
+            committed_offsets=_parse_offsets(committed) if committed is not None else None,
+            partition_column=partition_column,
+            num_partitions=_int_option(opts, "numPartitions", minimum=1),
+            lower_bound=_int_option(opts, "lowerBound"),
+            upper_bound=_int_option(opts, "upperBound"),
         )
 
     def to_options(self) -> dict[str, str]:
@@ -139,23 +204,35 @@ class ClickHouseOptions:
             **self.connection.to_options(),
         }
         optional = {
+            "shards": format_shards(self.shard_hosts) if self.shard_hosts else None,
             "token_prefix": self.token_prefix,
             "columns": ",".join(self.columns) if self.columns else None,
             "where": self.where,
-            "partition_by": self.partition_by,
-            "partitions": str(self.partitions) if self.partitions else None,
+            "committed_offsets": None
+            if self.committed_offsets is None
+            else json.dumps({str(p): o for p, o in self.committed_offsets.items()}),
+            "partitionColumn": self.partition_column,
+            "numPartitions": _str_or_none(self.num_partitions),
+            "lowerBound": _str_or_none(self.lower_bound),
+            "upperBound": _str_or_none(self.upper_bound),
         }
-        options.update({k: v for k, v in optional.items() if v})
+        options.update({k: v for k, v in optional.items() if v is not None})
         return options
+
+    @property
+    def shards(self) -> tuple[Hosts, ...]:
+        """The replicas of each shard to read."""
+        return self.shard_hosts or (self.hosts,)
 
     @property
     def qualified_table(self) -> str:
         return f"{quote_identifier(self.database)}.{quote_identifier(self.table)}"
 
-    def client(self) -> Client:
-        """A client for the first host that accepts a connection (the last error otherwise)."""
+    def client(self, hosts: Hosts | None = None) -> Client:
+        """A client for the first of `hosts` (default: `hosts`, the writer's shard) that
+        accepts a connection (the last error otherwise)."""
         error: Exception | None = None
-        for host, port in self.hosts:
+        for host, port in hosts or self.hosts:
             try:
                 return self.connection.client(host, port, self.database)
             except Exception as exc:
@@ -333,12 +410,43 @@ def select_list(client: Client, options: ClickHouseOptions) -> str:
     )
 
 
+@dataclass(frozen=True)
+class ShardSlice:
+    """What one read task reads: a slice (`condition`, None for all) of shard `shard`,
+    starting at its replica number `first` (spreading one read's tasks over the replicas)."""
+
+    shard: int
+    first: int
+    condition: str | None
+
+
+class ShardReadError(Exception):
+    """Every replica of a shard failed one task's read; the message names each error."""
+
+
+def read_replicas(
+    hosts: Hosts, piece: ShardSlice, attempt: int, fetch: Callable[[str, int], T]
+) -> T:
+    """``fetch(host, port)`` from the shard's replicas in turn, from number ``piece.first +
+    attempt`` (a retried Spark task starts at the next one), until one answers whole.
+    Raises `ShardReadError` naming every replica's error."""
+    errors = []
+    for step in range(len(hosts)):
+        host, port = hosts[(piece.first + attempt + step) % len(hosts)]
+        try:
+            return fetch(host, port)
+        except Exception as exc:
+            errors.append(f"{host}:{port}: {type(exc).__name__}: {str(exc)[:300]}")
+            log.warning("read.replica_failed", shard=piece.shard, replica=f"{host}:{port}")
+    raise ShardReadError(f"shard {piece.shard}: every replica failed: " + "; ".join(errors))
+
+
 class ClickHouseReader(DataSourceReader):
     def __init__(self, options: ClickHouseOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
         self.pushed: list[str] = []
-        client = options.client()
+        client = options.client(options.shards[0])
         try:
             self.select = select_list(client, options)
         finally:
@@ -354,44 +462,70 @@ class ClickHouseReader(DataSourceReader):
 
     def where(self) -> str | None:
         conditions = [f"({self.options.where})"] if self.options.where else []
+        if self.options.committed_offsets is not None:
+            conditions.append(f"({committed_condition(self.options.committed_offsets)})")
         conditions += [f"({sql})" for sql in self.pushed]
         return " AND ".join(conditions) or None
 
     def partitions(self) -> Sequence[InputPartition]:
-        """One partition per ClickHouse partition, or per key range; the value is an extra
-        WHERE condition (None: everything selected)."""
-        client = self.options.client()
+        """Every shard once: per shard, one slice per ClickHouse partition or per key range,
+        their first replicas in turn."""
+        pieces: list[InputPartition] = []
+        for shard, hosts in enumerate(self.options.shards):
+            conditions = read_replicas(hosts, ShardSlice(shard, 0, None), 0, self._slices)
+            pieces += [
+                InputPartition(ShardSlice(shard, i % len(hosts), c))
+                for i, c in enumerate(conditions)
+            ]
+        return pieces
+
+    def _slices(self, host: str, port: int) -> list[str | None]:
+        """The slice conditions of the shard at `host:port` (None: all of it)."""
+        client = self.options.connection.client(host, port, self.options.database)
         try:
-            if self.options.partition_by:
-                return self._key_ranges(client, self.options.partition_by)
-            rows = client.query(
-                "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String}"
-                " AND table = {t:String} AND active ORDER BY partition_id",
-                parameters={"db": self.options.database, "t": self.options.table},
-            ).result_rows
+            if self.options.partition_column:
+                conditions = self._key_ranges(client, self.options.partition_column)
+            else:
+                rows = client.query(
+                    "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String}"
+                    " AND table = {t:String} AND active ORDER BY partition_id",
+                    parameters={"db": self.options.database, "t": self.options.table},
+                ).result_rows
+                conditions = (
+                    [f"_partition_id = {sql_literal(str(r[0]))}" for r in rows]
+                    if len(rows) > 1
+                    else [None]
+                )
         finally:
             client.close()
-        if len(rows) <= 1:
-            return [InputPartition(None)]
-        return [InputPartition(f"_partition_id = {sql_literal(str(r[0]))}") for r in rows]
+        return conditions
 
-    def _key_ranges(self, client: Client, key: str) -> list[InputPartition]:
-        count = self.options.partitions or 1
-        where = self.where()
-        bounds = client.query(
-            f"SELECT min(toInt64({key})), max(toInt64({key})), count() FROM"
-            f" {self.options.qualified_table}" + (f" WHERE {where}" if where else "")
-        ).result_rows[0]
-        low, high, rows = bounds
-        if not rows or count == 1:
-            return [InputPartition(None)]
-        step = max(1, -(-(int(high) - int(low) + 1) // count))
-        slices = []
-        for start in range(int(low), int(high) + 1, step):
-            slices.append(
-                InputPartition(f"toInt64({key}) >= {start} AND toInt64({key}) < {start + step}")
-            )
-        return slices
+    def _key_ranges(self, client: Client, key: str) -> list[str | None]:
+        """``numPartitions`` ranges of `key` as Spark's JDBC source cuts them: the stride from
+        ``lowerBound``/``upperBound`` (the key's min and max by default), the first range
+        open below (with NULLs), the last open above."""
+        count = self.options.num_partitions or 1
+        low, high = self.options.lower_bound, self.options.upper_bound
+        if low is None or high is None:
+            where = self.where()
+            found = client.query(
+                f"SELECT min(toInt64({key})), max(toInt64({key})), count() FROM"
+                f" {self.options.qualified_table}" + (f" WHERE {where}" if where else "")
+            ).result_rows[0]
+            if not found[2]:
+                return [None]
+            low = int(found[0]) if low is None else low
+            high = int(found[1]) if high is None else high
+        count = min(count, max(1, high - low + 1))
+        if count == 1:
+            return [None]
+        stride = -(-(high - low + 1) // count)
+        value = f"toInt64({key})"
+        bounds = [low + i * stride for i in range(1, count)]
+        ranges: list[str | None] = [f"{value} < {bounds[0]} OR {value} IS NULL"]
+        ranges += [f"{value} >= {a} AND {value} < {b}" for a, b in itertools.pairwise(bounds)]
+        ranges.append(f"{value} >= {bounds[-1]}")
+        return ranges
 
     def query(self, condition: str | None) -> str:
         columns = self.select
@@ -400,20 +534,29 @@ class ClickHouseReader(DataSourceReader):
         return f"SELECT {columns} FROM {self.options.qualified_table}{where}"
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        piece: ShardSlice = partition.value
         # A timestamp is an instant: labelling it UTC keeps its value.
         target = to_arrow_schema(self.schema, timezone="UTC")
-        client = self.options.client()
-        try:
-            table = client.query_arrow(self.query(partition.value), settings=_READ_SETTINGS)
-        finally:
-            client.close()
+        context = TaskContext.get()
+        attempt = context.attemptNumber() if context is not None else 0
+        sql = self.query(piece.condition)
+
+        def fetch(host: str, port: int) -> pa.Table:
+            client = self.options.connection.client(host, port, self.options.database)
+            try:
+                return client.query_arrow(sql, settings=_READ_SETTINGS)
+            finally:
+                client.close()
+
+        table = read_replicas(self.options.shards[piece.shard], piece, attempt, fetch)
         yield from table.cast(target).to_batches()
 
 
 class ClickHouseDataSource(DataSource):
-    """``spark.read.format("clickhouse")`` / ``df.write.format("clickhouse")``."""
+    """``spark.read.format("hakafka_clickhouse")`` / ``df.write.format(...)`` alike."""
 
     @classmethod
     def name(cls) -> str:
@@ -423,7 +566,7 @@ class ClickHouseDataSource(DataSource):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         options = ClickHouseOptions.parse(self.options)
-        client = options.client()
+        client = options.client(options.shards[0])
         try:
             empty = client.query_arrow(
                 f"SELECT {select_list(client, options)} FROM {options.qualified_table} LIMIT 0",
@@ -439,5 +582,5 @@ class ClickHouseDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> ClickHouseWriter:
         if overwrite:
-            raise ValueError("the clickhouse data source only appends (use mode 'append')")
+            raise ValueError(f"the {SOURCE_NAME} data source only appends (use mode 'append')")
         return ClickHouseWriter(ClickHouseOptions.parse(self.options))

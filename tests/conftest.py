@@ -1,6 +1,7 @@
 """Shared fixtures: the real local stack, started once per test session by devstack.
 
-Services are session-scoped (ZooKeeper, the tansu broker, the ClickHouse HTTP front, Spark);
+Services are session-scoped (ZooKeeper, the tansu broker, the ClickHouse HTTP front, Spark;
+a second ClickHouse front, `clickhouse2`, only for the tests that ask for it);
 every test gets its own namespace in each (a ZooKeeper chroot-like root, topic names, a
 ClickHouse database), so tests do not see each other's data. Everything is stopped by PID
 when the session ends.
@@ -86,6 +87,28 @@ def clickhouse(stack_root: Path) -> Iterator[ClickHouseService]:
 
     with running(ClickHouseService(stack_root / "clickhouse")) as ch:
         yield ch
+
+
+@pytest.fixture(scope="session")
+def clickhouse2(stack_root: Path) -> Iterator[ClickHouseService]:
+    """A second ClickHouse front, its own process and chdb data path: a second shard. Started
+    only once a test asks for it, so the rest of the suite never pays for it."""
+    from devstack.clickhouse import ClickHouseService
+
+    with running(ClickHouseService(stack_root / "clickhouse2")) as ch:
+        yield ch
+
+
+@pytest.fixture
+def ch_database2(ch_database: str, clickhouse2: ClickHouseService) -> Iterator[str]:
+    """This test's database (`ch_database`) created on `clickhouse2` as well, dropped after."""
+    admin = clickhouse2.client()
+    admin.command(f"CREATE DATABASE `{ch_database}`")
+    try:
+        yield ch_database
+    finally:
+        admin.command(f"DROP DATABASE IF EXISTS `{ch_database}`")
+        admin.close()
 
 
 @pytest.fixture

@@ -1,0 +1,115 @@
+"""Pure logic of shard-aware reads: replica order, options, failover, the checkpoint split."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from spark_bridge.cluster import Cluster, ShardReplicas, committed_condition
+from spark_bridge.datasource import (
+    SOURCE_NAME,
+    ClickHouseOptions,
+    ShardReadError,
+    ShardSlice,
+    parse_shards,
+    read_replicas,
+)
+from spark_bridge.reader import above_checkpoint
+from spark_bridge.replicas import Replica
+
+
+def test_the_source_has_a_name_of_its_own() -> None:
+    # `clickhouse` is the official ClickHouse Spark connector's source name.
+    assert SOURCE_NAME == "hakafka_clickhouse"
+
+
+def test_reads_spread_over_replicas_and_skip_those_under_replacement() -> None:
+    shard = ShardReplicas(
+        0,
+        (Replica("a", "ha", 1), Replica("b", "hb", 1), Replica("c", "hc", 1, writable=False)),
+    )
+    cluster = Cluster((shard, ShardReplicas(1, (Replica("d", "hd", 1),))))
+    rng = random.Random(7)
+    firsts = Counter(cluster.read_order(rng)[0][0][0] for _ in range(1000))
+    assert set(firsts) == {"ha", "hb"}, "never the replica under replacement"
+    assert min(firsts.values()) > 400, f"spread evenly: {firsts}"
+    order = cluster.read_order(random.Random(1))
+    assert sorted(order[0]) == [("ha", 1), ("hb", 1)] and order[1] == (("hd", 1),)
+
+    replaced = Cluster((ShardReplicas(3, (Replica("c", "hc", 1, writable=False),)),))
+    with pytest.raises(ValueError, match=r"shard 3: no replica to read.*\['c'\]"):
+        replaced.read_order(rng)
+
+
+def test_shards_on_one_server_are_read_once() -> None:
+    # The dev stack's daemons may put several shards on one ClickHouse: one table, read once.
+    one = Cluster.from_hosts([[("ch", 8123)], [("ch", 8123)], [("ch2", 8123)]])
+    assert one.read_order(random.Random(0)) == ((("ch", 8123),), (("ch2", 8123),))
+
+
+def test_options_follow_spark_jdbc_names_and_refuse_the_old_ones() -> None:
+    base = {"database": "db", "table": "t", "shards": "h1:1,h2:2;h3:3"}
+    options = ClickHouseOptions.parse(
+        {**base, "partitionColumn": "_offset", "numPartitions": "4", "lowerBound": "-5"}
+    )
+    assert options.shards == ((("h1", 1), ("h2", 2)), (("h3", 3),))
+    assert (options.partition_column, options.num_partitions, options.lower_bound) == (
+        "_offset",
+        4,
+        -5,
+    )
+    assert ClickHouseOptions.parse(options.to_options()) == options, "to_options round-trips"
+    with pytest.raises(ValueError, match="'partition_by' is now 'partitionColumn'"):
+        ClickHouseOptions.parse({**base, "partition_by": "v"})
+    with pytest.raises(ValueError, match="'numPartitions' needs option 'partitionColumn'"):
+        ClickHouseOptions.parse({**base, "numPartitions": "3"})
+    with pytest.raises(ValueError, match="'numPartitions': expected an integer >= 1, got '0'"):
+        ClickHouseOptions.parse({**base, "partitionColumn": "v", "numPartitions": "0"})
+    with pytest.raises(ValueError, match="'committed_offsets': expected JSON"):
+        ClickHouseOptions.parse({**base, "committed_offsets": "[1]"})
+    with pytest.raises(ValueError, match="expected host:port, got 'h4'"):
+        parse_shards("h1:1;h4")
+
+
+def test_a_failed_replica_hands_the_read_to_the_next_and_a_retry_starts_further() -> None:
+    hosts = (("a", 1), ("b", 1), ("c", 1))
+    asked: list[str] = []
+
+    def fetch(host: str, _port: int) -> str:
+        asked.append(host)
+        if host == "a":
+            raise ConnectionError("refused")
+        return host
+
+    assert read_replicas(hosts, ShardSlice(0, 0, None), 0, fetch) == "b"
+    assert asked == ["a", "b"]
+    asked.clear()
+    assert read_replicas(hosts, ShardSlice(0, 2, None), 0, fetch) == "c"
+    assert read_replicas(hosts, ShardSlice(0, 2, None), 1, fetch) == "b", "retry: next one"
+    with pytest.raises(ShardReadError, match=r"shard 4: every replica failed: a:1: Connection"):
+        read_replicas((("a", 1),), ShardSlice(4, 0, None), 0, fetch)
+
+
+def test_the_checkpoint_splits_rows_between_clickhouse_and_the_buffer() -> None:
+    assert committed_condition({}) == "false"
+    assert committed_condition({1: 60, 0: 80}) == (
+        "_offset < multiIf(_partition = 0, 80, _partition = 1, 60, 0)"
+    )
+    rows = pa.table(
+        {
+            "_partition": pa.array([0, 0, 1, 1, 5], pa.int32()),
+            "_offset": pa.array([79, 80, 59, 60, 0], pa.int64()),
+        }
+    )
+    above = above_checkpoint(rows, {0: 80, 1: 60})
+    assert list(
+        zip(above["_partition"].to_pylist(), above["_offset"].to_pylist(), strict=True)
+    ) == [
+        (0, 80),
+        (1, 60),
+        (5, 0),
+    ], "a partition without a checkpoint: all its buffered rows"
+    assert above_checkpoint(rows, {}).num_rows == 5
