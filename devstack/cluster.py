@@ -40,6 +40,16 @@ class StackEndpoints:
     zookeeper: str
     kafka: str
     clickhouse: str  # host:port of the ClickHouse HTTP front
+    # host:port of the front of each shard by number, when shards have their own servers.
+    clickhouse_shards: tuple[str, ...] = ()
+
+    def clickhouse_of(self, shard: int) -> str:
+        """The ClickHouse front serving `shard`: its own server if listed, else the one."""
+        return (
+            self.clickhouse_shards[shard]
+            if shard < len(self.clickhouse_shards)
+            else self.clickhouse
+        )
 
 
 def _toml_value(value: Any) -> str:
@@ -250,7 +260,8 @@ class DaemonNode:
 
 
 class LocalCluster:
-    """Daemons that each serve some shards, sharing one ZooKeeper root and one ClickHouse.
+    """Daemons that each serve some shards, sharing one ZooKeeper root and one ClickHouse (or
+    one per shard: `StackEndpoints.clickhouse_shards`).
     `rows_per_task` is one value for every node or one per node (node name -> value)."""
 
     def __init__(
@@ -311,7 +322,7 @@ class LocalCluster:
         replicas: dict[int, dict[str, str]] = {}
         for node, shards in nodes.items():
             for shard in shards:
-                replicas.setdefault(shard, {})[node] = self.stack.clickhouse
+                replicas.setdefault(shard, {})[node] = self.stack.clickhouse_of(shard)
         return {
             node: self._render(
                 node=node,
