@@ -92,7 +92,7 @@ def _init(args: argparse.Namespace) -> int:
     how = Recording.AGREE
     if args.update or args.replace:
         how = Recording.UPDATE if args.update else Recording.REPLACE
-    for line in initialize(load_with_table_columns(args.config), how):
+    for line in initialize(load_with_table_columns(args.config), how, args.distributed):
         print(line)
     return EXIT_OK
 
@@ -592,6 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record this config's shard-wide settings whatever differs; refused while any "
         "node runs or a block is pending (the last step of a migration)",
+    )
+    init.add_argument(
+        "--distributed",
+        metavar="CLUSTER",
+        help="also create <table>_all, a Distributed table over every shard's table, on every "
+        "replica: CLUSTER is its name in the ClickHouse servers' remote_servers",
     )
     init.set_defaults(handler=_init)
     _add_ops_commands(commands)

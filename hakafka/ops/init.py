@@ -7,14 +7,40 @@ from hakafka.coordination import Coordinator
 from hakafka.ops.cluster import OpsError, connect
 from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
 from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
-from spark_bridge.tables import SchemaMismatchError, UnsafeTableError, ensure_table
+from spark_bridge.tables import (
+    SchemaMismatchError,
+    TableSpec,
+    UnsafeTableError,
+    ensure_table,
+    quote_identifier,
+)
+
+DISTRIBUTED_SUFFIX = "_all"
 
 
-def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[str]:
+def distributed_sql(spec: TableSpec, cluster: str) -> str:
+    """The Distributed table `<table>_all` over `spec`'s table on every shard of the
+    ClickHouse cluster `cluster` (a name of the servers' `remote_servers`). It has no sharding
+    key: it is for queries; rows go in through hakafka, to each shard's own table."""
+    table = quote_identifier(spec.table + DISTRIBUTED_SUFFIX)
+    over = f"{quote_identifier(spec.database)}.{quote_identifier(spec.table)}"
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quote_identifier(spec.database)}.{table} AS {over}"
+        f" ENGINE = Distributed({quote_identifier(cluster)}, {quote_identifier(spec.database)},"
+        f" {quote_identifier(spec.table)})"
+    )
+
+
+def initialize(
+    config: Config, settings: Recording = Recording.AGREE, distributed: str | None = None
+) -> list[str]:
     """Create what is missing for every shard of the cluster; return what was done.
 
     Every existing table is checked on every replica; OpsError lists each one refused (other
     columns, or an engine or window that would not deduplicate a re-flush) with its fix.
+    With `distributed` (a ClickHouse cluster name), also a Distributed table `<table>_all`
+    over each table on every replica (`distributed_sql`); a server that refuses it (e.g. it
+    has no such cluster) is listed among the refusals.
     """
     done = []
     refused = []
@@ -43,6 +69,16 @@ def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[st
                             refused.append(
                                 f"clickhouse {replica.name} ({replica.host}:{replica.port}): {exc}"
                             )
+                            continue
+                        if distributed is not None:
+                            try:
+                                client.command(distributed_sql(spec, distributed))
+                            except Exception as exc:
+                                refused.append(
+                                    f"clickhouse {replica.name} ({replica.host}:{replica.port}):"
+                                    f" distributed table {spec.table}{DISTRIBUTED_SUFFIX} over"
+                                    f" cluster {distributed!r}: {' '.join(str(exc).split())[:400]}"
+                                )
                 finally:
                     client.close()
             where = ", ".join(f"{r.name} ({r.host}:{r.port})" for r in replicas)
@@ -50,6 +86,12 @@ def initialize(config: Config, settings: Recording = Recording.AGREE) -> list[st
                 f"clickhouse: {config.clickhouse.database}.{pipeline.table} and "
                 f"{pipeline.dead_letter_table} on shard {shard}: {where}"
             )
+            if distributed is not None:
+                done.append(
+                    f"clickhouse: {pipeline.table}{DISTRIBUTED_SUFFIX} and "
+                    f"{pipeline.dead_letter_table}{DISTRIBUTED_SUFFIX} (Distributed over "
+                    f"cluster {distributed!r}) on shard {shard}: {where}"
+                )
     if refused:
         # One server may serve several shards: each refusal once.
         raise OpsError("tables refused:\n" + "\n".join(dict.fromkeys(refused)))
