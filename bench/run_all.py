@@ -29,6 +29,7 @@ TIMEOUT_S = 1500  # per benchmark: e2e and takeover take about 10 minutes each
 TITLES = {
     "exactly_once": "Exactly-once under drift and resharding (#21)",
     "security": "What failing closed costs (#22)",
+    "read": "read_table over two shards next to one direct query per shard (#24)",
 }
 HEADER = """# Benchmark results
 
