@@ -154,12 +154,6 @@ class SparkStandalone:
         """True once the master counts one alive worker."""
         return master_state(self.web_port).get("aliveworkers") == 1
 
-    def applications(self) -> list[dict[str, object]]:
-        """The master's running applications (name, state, cores)."""
-        apps = master_state(self.web_port).get("activeapps", [])
-        assert isinstance(apps, list)
-        return apps
-
     def stop(self) -> None:
         """Stop the worker (its executors end with it), then the master, by PID."""
         for process in (self.worker, self.master):

@@ -44,7 +44,6 @@ PARTITIONS = 8
 class SparkMode:
     """A running Spark cluster and the `[spark]` keys a daemon uses it with."""
 
-    name: str
     url: str
     keys: dict[str, str]
 
@@ -58,14 +57,14 @@ def spark_mode(request: pytest.FixtureRequest, stack_root: Path) -> Iterator[Spa
         standalone = SparkStandalone(root)
         standalone.start()
         try:
-            yield SparkMode("standalone", standalone.url, {"master": standalone.url})
+            yield SparkMode(standalone.url, {"master": standalone.url})
         finally:
             standalone.stop()
     else:
         server = SparkConnectServer(root)
         server.start()
         try:
-            yield SparkMode("connect", server.url, {"remote": server.url})
+            yield SparkMode(server.url, {"remote": server.url})
         finally:
             server.stop()
 
