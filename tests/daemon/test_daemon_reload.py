@@ -99,11 +99,17 @@ def test_sighup_applies_a_threshold_and_refuses_a_topology_change(
     edit(node.config_path, r"^shards = \[0, 1\]$", "shards = [0]")
     node.kill(signal.SIGHUP)
     wait_until(
+        lambda: bool(events(node, "config.reloaded") or events(node, "config.reload_failed")),
+        timeout=30,
+        what="the reload",
+    )
+    assert events(node, "config.reload_failed") == []
+    (reloaded,) = events(node, "config.reloaded")
+    wait_until(
         lambda: int(ch_client.command("SELECT count() FROM events")) == 500,
-        timeout=60,
+        timeout=120,
         what="the rows flushed at the reloaded max_age",
     )
-    (reloaded,) = events(node, "config.reloaded")
     assert reloaded["applied"] == [
         "pipelines.events.buffer.min_age",
         "pipelines.events.buffer.max_age",
