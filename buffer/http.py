@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -197,6 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver listens with a backlog of 5: a burst of connects past it loses SYNs, which
+    # clients retry after 1 s, 3 s... A queued connection holds no thread: over
+    # `max_connections` it gets its 503 once accepted.
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(
         self,
