@@ -27,7 +27,7 @@ DEFAULT_ROOT = Path(".devstack")
 def _up(args: argparse.Namespace) -> int:
     stack = DevStack(args.root)
     began = time.monotonic()
-    records = stack.up(zk_members=args.zk_members)
+    records = stack.up(zk_members=args.zk_members, clickhouse_servers=args.clickhouse_servers)
     if args.spark:
         stack.start_spark(args.spark)
         records = stack.records()
@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
                 default=[],
                 help="also start Spark (repeatable): a standalone master and worker, or a "
                 "Spark Connect server",
+            )
+            sub.add_argument(
+                "--clickhouse-servers",
+                type=int,
+                choices=(1, 2),
+                default=1,
+                help="ClickHouse servers, one per shard (default 1)",
             )
         if name == "status":
             sub.add_argument("--json", action="store_true", help="print JSON")

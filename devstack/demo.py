@@ -1,10 +1,11 @@
 """`make demo`: the whole thing on this machine, start to finish, in about two minutes.
 
-Starts the local stack, three daemons (two shards, two replicas each: n1 serves both,
-n2 shard 0, n3 shard 1), produces sample events (a few malformed), shows rows arriving in
-ClickHouse, queries a leader's memory buffer, moves a shard's leadership with an ops
-failover, produces more, and ends with the exactly-once count. Everything it started is
-stopped by PID, also when it fails.
+Starts the local stack with two ClickHouse servers (one per shard), three daemons (two
+shards, two replicas each: n1 serves both, n2 shard 0, n3 shard 1), produces sample events (a
+few malformed), shows rows arriving in ClickHouse, queries a leader's memory buffer, moves a
+shard's leadership with an ops failover, produces more, checks the exactly-once count, and
+ends with a Spark job reading both shards, live buffer included, while more events arrive.
+Everything it started is stopped by PID, also when it fails.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from buffer.client import query
 from devstack.clickhouse import ClickHouseService
@@ -21,7 +24,10 @@ from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
 from devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
 from devstack.zookeeper import ZooKeeperEnsemble
+from hakafka.config import load_config
 from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
+from hakafka.ops.cluster_view import cluster_view
+from hakafka.settings import connection_of
 
 TOPIC = "demo_events"
 PARTITIONS = 8
@@ -47,16 +53,19 @@ def run(root: Path) -> bool:
     zk = ZooKeeperEnsemble(root / "zookeeper", members=1)
     broker = KafkaBroker(root / "kafka")
     ch = ClickHouseService(root / "clickhouse")
+    ch2 = ClickHouseService(root / "clickhouse2")
     cluster: LocalCluster | None = None
     try:
         for name, service in (
             ("ZooKeeper", zk),
             ("Kafka (tansu)", broker),
-            ("ClickHouse (chdb front)", ch),
+            ("ClickHouse of shard 0 (chdb front)", ch),
+            ("ClickHouse of shard 1 (chdb front)", ch2),
         ):
             service.start()
             say(f"{name} is up")
-        stack = StackEndpoints(zk.hosts, broker.bootstrap, f"127.0.0.1:{ch.port}")
+        servers = (f"127.0.0.1:{ch.port}", f"127.0.0.1:{ch2.port}")
+        stack = StackEndpoints(zk.hosts, broker.bootstrap, servers[0], servers)
         create_topic(broker.bootstrap, TOPIC, PARTITIONS)
         pipeline = PipelineSpec(
             name="events",
@@ -82,7 +91,7 @@ def run(root: Path) -> bool:
         cluster.start()
         leaders = cluster.wait_leaders([0, 1])
         say(f"3 daemons running; leaders: shard 0 -> {leaders[0]}, shard 1 -> {leaders[1]}")
-        client = ch.client()
+        client = BothShards((ch.client(), ch2.client()))
         produced = Produced()
         for i in range(BATCHES):
             produced |= produce(
@@ -125,18 +134,80 @@ def run(root: Path) -> bool:
         for partition, offset, error in sample:
             say(f"  dead letter partition {partition} offset {offset}: {error}")
         ok = rows.exactly_once and dead.exactly_once
-        say(f"exactly once: {'YES' if ok else 'NO'} — demo took {time.monotonic() - began:.0f} s")
+        say(f"exactly once: {'YES' if ok else 'NO'}")
+        ok = spark_reads_both_shards(cluster, broker.bootstrap, start=BATCHES * PER_BATCH) and ok
+        say(f"demo took {time.monotonic() - began:.0f} s")
         return ok
     finally:
         if cluster is not None:
             cluster.stop()
-        for service in (ch, broker, zk):
+        for service in (ch2, ch, broker, zk):
             service.stop()
         say(f"stopped every process it started; logs and data under {root}")
 
 
+@dataclass(frozen=True)
+class Rows:
+    result_rows: list[Any]
+
+
+@dataclass(frozen=True)
+class BothShards:
+    """The clients of both shards' ClickHouse servers, queried as one: the rows of each."""
+
+    clients: Sequence[Any]
+
+    def query(self, sql: str) -> Rows:
+        return Rows([row for c in self.clients for row in c.query(sql).result_rows])
+
+    def command(self, sql: str) -> int:
+        return sum(int(c.command(sql)) for c in self.clients)
+
+
 def count(client: object, table: str) -> int:
     return int(client.command(f"SELECT count() FROM {table}"))  # type: ignore[attr-defined]
+
+
+def spark_reads_both_shards(cluster: LocalCluster, bootstrap: str, start: int) -> bool:
+    """A Spark job reading `events` from both shards plus the leaders' buffers while more
+    events arrive: every (partition, offset) once."""
+    from pyspark.sql import functions as sf
+
+    from spark_bridge import SparkRuntime, SparkSettings, read_table
+
+    config = load_config(cluster.nodes["n1"].config_path)
+    database, connection = config.clickhouse.database, connection_of(config)
+    with SparkRuntime(SparkSettings(app_name="hakafka-demo-reader")) as spark:
+        # Spark is up first: the new events are read while still in the leaders' buffers.
+        produce(bootstrap, TOPIC, PER_BATCH // 5, partitions=PARTITIONS, start=start)
+        df = read_table(
+            spark,
+            "events",
+            cluster=cluster_view(config, "events", include_buffer=True),
+            include_buffer=True,
+            database=database,
+            connection=connection,
+        )
+        per = df.groupBy("_partition").agg(
+            sf.count("*").alias("rows"), sf.countDistinct("_offset").alias("offsets")
+        )
+        found = per.collect()
+        flushed = read_table(
+            spark,
+            "events",
+            cluster=cluster_view(config, "events"),
+            database=database,
+            connection=connection,
+        )
+        in_clickhouse = flushed.count()
+    total = sum(r.rows for r in found)
+    ok = all(r.rows == r.offsets for r in found)
+    say(
+        f"Spark read_table over both shards with the live buffer: {total:,} rows, each "
+        f"(partition, offset) once: {'YES' if ok else 'NO'} (ClickHouse alone, read just "
+        f"after: {in_clickhouse:,})"
+    )
+    return ok
 
 
 def show_progress(client: object, good: int) -> None:

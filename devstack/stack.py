@@ -80,6 +80,7 @@ _HEALTH: dict[str, Callable[[str], bool]] = {
     "zookeeper": _zk_healthy,
     "kafka": _kafka_healthy,
     "clickhouse": _ch_healthy,
+    "clickhouse2": _ch_healthy,
     "schema_registry": registry_healthy,
     **SPARK_HEALTH,
 }
@@ -106,8 +107,11 @@ class DevStack:
         raw = json.loads(self.state_path.read_text())
         return [ServiceRecord(**item) for item in raw["services"]]
 
-    def up(self, *, zk_members: int = 1, timeout: float = 30.0) -> list[ServiceRecord]:
-        """Start the stack unless it runs already; return what runs.
+    def up(
+        self, *, zk_members: int = 1, clickhouse_servers: int = 1, timeout: float = 30.0
+    ) -> list[ServiceRecord]:
+        """Start the stack unless it runs already; return what runs. `clickhouse_servers` = 2
+        adds a second ClickHouse front (`clickhouse2`, its own chdb data path): two shards.
 
         Each service must be healthy within `timeout` s. If any step fails (or is interrupted),
         every process this call started is stopped by PID, nothing is recorded, and the error
@@ -126,11 +130,14 @@ class DevStack:
         zk = ZooKeeperEnsemble(self.root / "zookeeper", members=zk_members)
         broker = KafkaBroker(self.root / "kafka")
         ch = ClickHouseService(self.root / "clickhouse")
+        ch2 = ClickHouseService(self.root / "clickhouse2") if clickhouse_servers > 1 else None
         registry = SchemaRegistryService(self.root / "schema_registry")
         try:
             zk.start(timeout=timeout)
             broker.start(timeout=timeout)
             ch.start(timeout=timeout)
+            if ch2 is not None:
+                ch2.start(timeout=timeout)
             registry.start(timeout=timeout)
             started = [
                 _record("zookeeper", m.pid, f"127.0.0.1:{m.client_port}", "HAKAFKA_ZK_HOSTS")
@@ -140,6 +147,8 @@ class DevStack:
                 _record("kafka", broker.pid, broker.bootstrap, "HAKAFKA_KAFKA_BOOTSTRAP")
             )
             started.append(_record("clickhouse", ch.pid, ch.url, "HAKAFKA_CLICKHOUSE_URL"))
+            if ch2 is not None:
+                started.append(_record("clickhouse2", ch2.pid, ch2.url, "HAKAFKA_CLICKHOUSE2_URL"))
             started.append(
                 _record(
                     "schema_registry", registry.pid, registry.url, "HAKAFKA_SCHEMA_REGISTRY_URL"
@@ -148,7 +157,9 @@ class DevStack:
             self._save(started)
         except BaseException:
             # Reverse start order; stopping a service that never started is a no-op.
-            for service in (registry, ch, broker, zk):
+            for service in (registry, ch2, ch, broker, zk):
+                if service is None:
+                    continue
                 # Attempt every stop: the start error is the one the user must see.
                 with contextlib.suppress(Exception):
                     service.stop()
