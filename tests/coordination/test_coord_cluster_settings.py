@@ -37,6 +37,10 @@ n1 = "10.0.0.2:8123"
 [spark]
 rows_per_task = 1000
 
+[server]
+# The replicas below are on other hosts: this node must say where it is reached.
+advertise = "ch-node-1"
+
 [[pipelines]]
 name = "orders"
 topic = "orders"
