@@ -35,7 +35,7 @@ Servers run in a child process of this script (`--serve`, bound to 127.0.0.1, st
 PID), so their RSS, peak and threads are theirs alone, read from /proc.
 
 Run: PYTHONPATH=. .venv/bin/python bench/security_bench.py [--parts result,tls,refusals,large]
-     (about 2-3 minutes)
+     (about 1.5 minutes)
 """
 
 from __future__ import annotations
