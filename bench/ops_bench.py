@@ -16,7 +16,7 @@ messages a second over its partitions throughout. Each operation is timed from i
 - The admin endpoint under load: p50/p99 of `/metrics`, `/status`, `/status/history` and the
   status page `/`, next to `/health` (the floor: the same server answering a constant).
 
-Run: .venv/bin/python bench/ops_bench.py
+Run: PYTHONPATH=. .venv/bin/python bench/ops_bench.py
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Usage: python bench/run_all.py [NAME ...]   (names like `wal`, `takeover`; default: all)
 
 Every `bench/NAME_bench.py` is a benchmark (so `takeover_bench.py` is `takeover`); they run one
-at a time, in name order, never overlapping: `e2e`, `exactly_once` and `takeover` start real
-daemons on the local stack and need the machine to themselves.
+at a time, in name order, never overlapping: `e2e`, `exactly_once`, `ops` and `takeover` start
+real daemons on the local stack and need the machine to themselves.
 
 Each benchmark prints its own figures next to a raw baseline measured in the same run.
 This script writes them, with the command that produced them, to bench/RESULTS.md,
@@ -28,6 +28,7 @@ TIMEOUT_S = 1500  # per benchmark: e2e and takeover take about 10 minutes each
 # The heading of a section, after its name, when the name alone does not say what it measures.
 TITLES = {
     "exactly_once": "Exactly-once under drift and resharding (#21)",
+    "ops": "What the operator's tools cost a running cluster (#25)",
     "security": "What failing closed costs (#22)",
     "read": "read_table over two shards next to one direct query per shard (#24)",
 }
