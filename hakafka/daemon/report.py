@@ -23,8 +23,6 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
     last = flushes[-1] if flushes else None
     return {
         "name": p.config.name,
-        # What SQL calls this buffer: `<pipeline>`, with `_shard` telling the shards apart.
-        "query_table": p.buffer.rows.name,
         "topic": p.config.topic,
         "state": s.state,
         "error": s.error or s.flush_error or s.registry_error,

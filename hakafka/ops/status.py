@@ -96,7 +96,6 @@ def _pipelines_of(
                     "node": leader,
                     "pipeline": p["name"],
                     "state": p["state"],
-                    "query_table": p["query_table"],
                     "error": p["error"],
                     "lag": {int(k): v for k, v in p["lag"].items()},
                     "buffer_rows": p["buffer_rows"],
@@ -152,7 +151,6 @@ def render(status: dict[str, Any]) -> str:
             [
                 p["shard"],
                 p["pipeline"],
-                p.get("query_table"),
                 p["node"],
                 state_text(p),
                 lag_text,
@@ -166,7 +164,6 @@ def render(status: dict[str, Any]) -> str:
         [
             "SHARD",
             "PIPELINE",
-            "QUERY TABLE",
             "NODE",
             "STATE",
             "LAG (per partition)",
