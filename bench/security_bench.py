@@ -499,14 +499,16 @@ def refusal_rates(served: Served, block: int, rounds: int) -> Refusals:
     start = served.status()
     for kind in REQUESTS:
         request_block(port, kind, block)
-    warm = served.status()
+    # Read once the last handler thread has ended: its client sees the close a moment before.
+    warm = settled(served, start.threads)
     good = functools.partial(request_block, port, GOOD, block)
     rates = {
         kind: paired(good, functools.partial(request_block, port, kind, block), rounds)
         for kind in REQUESTS
         if kind != GOOD
     }
-    return Refusals(rates, start, warm, served.status(), len(rates) * rounds * block)
+    end = settled(served, start.threads)
+    return Refusals(rates, start, warm, end, len(rates) * rounds * block)
 
 
 @dataclass(frozen=True)
