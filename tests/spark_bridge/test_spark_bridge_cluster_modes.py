@@ -1,14 +1,15 @@
 """Flushes through a real Spark cluster: a standalone master + worker, and a Spark Connect
 server, both started from PySpark's jars (`devstack.spark_cluster`), one mode at a time.
 
-Each mode is exercised twice: by `flush_block` from this process (Connect only: a classic
-session here would be the test session's `local[2]` one, since a process has one
-SparkContext), and by `hakafka run` daemons configured with `[spark] master` or `remote`,
+Each mode is exercised twice: by `flush_block` from a fresh interpreter (Connect only: a
+process with a classic session, such as the test session's `local[2]` one, cannot open a
+Connect session, and a classic session for the standalone master would be that one), and by `hakafka run` daemons configured with `[spark] master` or `remote`,
 whose leader is SIGKILLed while a block is pending (written to ZooKeeper, not committed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -25,6 +26,7 @@ from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.records import EVENT_COLUMNS, create_topic
 from devstack.spark_cluster import SparkConnectServer, SparkStandalone
 from spark_bridge import FlushTarget, SparkRuntime, SparkSettings, ensure_table, flush_block
+from spark_bridge.replicas import Replica
 from spark_bridge.runtime import CONNECT_MODE_ENV
 from tests.daemon.test_daemon_cluster import (
     assert_exactly_once,
@@ -33,7 +35,8 @@ from tests.daemon.test_daemon_cluster import (
     produce,
     wait_for,
 )
-from tests.spark_bridge.test_spark_bridge_flush import make_block, replica, spec, stats
+from tests.fresh import fresh_python
+from tests.spark_bridge.test_spark_bridge_flush import make_block, spec, stats
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -69,37 +72,63 @@ def spark_mode(request: pytest.FixtureRequest, stack_root: Path) -> Iterator[Spa
             server.stop()
 
 
-# A classic session for the standalone master would be this process's `local[2]` one; the
-# daemon test below flushes through the standalone cluster from its own processes.
-@pytest.mark.parametrize("spark_mode", ["connect"], indirect=True)
-def test_flush_block_through_spark_connect_exactly_once(
-    spark_mode: SparkMode, clickhouse: ClickHouseService, ch_database: str, ch_client: Any
-) -> None:
-    runtime = SparkRuntime(SparkSettings(remote=spark_mode.url))
+def flush_through_connect(url: str, database: str, host: str, port: int) -> dict[str, Any]:
+    """Flush blocks through the Connect server at `url` into `database` on the ClickHouse
+    at host:port, and say what came of it. Run in a fresh interpreter (`CONNECT_PROBE`): a
+    process that already has a classic session (the test session's) cannot open a Connect
+    one, and a daemon never has both."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(host=host, port=port, database=database)
+    target_replica = Replica("r1", host, port)
+    runtime = SparkRuntime(SparkSettings(remote=url))
     session: SparkSession = runtime.start()
+    seen: dict[str, Any] = {"module": type(session).__module__}
     try:
-        assert type(session).__module__ == "pyspark.sql.connect.session"
-        ensure_table(ch_client, spec(ch_database))
-        target = FlushTarget(
-            ch_database, "events", (replica(clickhouse),), "pipe", rows_per_task=50_000
-        )
+        ensure_table(client, spec(database))
+        target = FlushTarget(database, "events", (target_replica,), "pipe", rows_per_task=50_000)
         result = flush_block(session, make_block(200_000, seed=1), target)
-        assert (result.rows, result.tasks, result.attempts) == (200_000, 4, 1)
-        assert stats(ch_client) == (200_000, 200_000)
+        seen["first"] = [result.rows, result.tasks, result.attempts, *stats(client)]
         # The same block again (another arrival order): same tokens, nothing added.
-        assert flush_block(session, make_block(200_000, seed=2), target).tasks == 4
-        assert stats(ch_client) == (200_000, 200_000)
+        again = flush_block(session, make_block(200_000, seed=2), target)
+        seen["again"] = [again.tasks, *stats(client)]
         # A transform runs in the server's Python workers too.
-        ensure_table(ch_client, spec(ch_database, "doubled"))
+        ensure_table(client, spec(database, "doubled"))
         sql = "SELECT v * 2 AS v, name, _partition, _offset FROM block"
-        doubled = FlushTarget(ch_database, "doubled", (replica(clickhouse),), "pipe", transform=sql)
-        assert flush_block(session, make_block(1_000, seed=3), doubled).rows == 1_000
-        total = ch_client.query("SELECT sum(v) FROM doubled").result_rows[0][0]
-        assert total == 2 * sum(range(1_000))
+        doubled = FlushTarget(database, "doubled", (target_replica,), "pipe", transform=sql)
+        seen["doubled_rows"] = flush_block(session, make_block(1_000, seed=3), doubled).rows
+        seen["doubled_sum"] = int(client.query("SELECT sum(v) FROM doubled").result_rows[0][0])
     finally:
         runtime.stop()
-    # Out of Connect mode again: the test session's classic sessions stay classic.
-    assert CONNECT_MODE_ENV not in os.environ
+        client.close()
+    # Out of Connect mode again: later classic sessions of the process stay classic.
+    seen["mode_left"] = CONNECT_MODE_ENV in os.environ
+    return seen
+
+
+CONNECT_PROBE = """
+import json
+from tests.spark_bridge.test_spark_bridge_cluster_modes import flush_through_connect
+print(json.dumps(flush_through_connect({url!r}, {database!r}, {host!r}, {port!r})))
+"""
+
+
+@pytest.mark.parametrize("spark_mode", ["connect"], indirect=True)
+def test_flush_block_through_spark_connect_exactly_once(
+    spark_mode: SparkMode, clickhouse: ClickHouseService, ch_database: str
+) -> None:
+    code = CONNECT_PROBE.format(
+        url=spark_mode.url, database=ch_database, host=clickhouse.host, port=clickhouse.port
+    )
+    seen = json.loads(fresh_python(code, timeout=300).splitlines()[-1])
+    assert seen == {
+        "module": "pyspark.sql.connect.session",
+        "first": [200_000, 4, 1, 200_000, 200_000],
+        "again": [4, 200_000, 200_000],
+        "doubled_rows": 1_000,
+        "doubled_sum": 2 * sum(range(1_000)),
+        "mode_left": False,
+    }
 
 
 def _pending_blocks(node: Any) -> set[str]:
