@@ -95,7 +95,9 @@ def main() -> None:
                     settings={"insert_deduplication_token": f"direct:{rows}:{i}"},
                 )
                 direct.append(time.perf_counter() - started)
-                target = FlushTarget("bench", f"spark_{rows}", (replica,), "bench")
+                # Tokens derive from the pipeline and the block's offsets: a pipeline per
+                # repeat, or ClickHouse would rightly drop the repeats as duplicates.
+                target = FlushTarget("bench", f"spark_{rows}", (replica,), f"bench-{i}")
                 started = time.perf_counter()
                 result = flush_block(spark, Block(f"{rows}-{i}", table), target)
                 spark_times.append(time.perf_counter() - started)
@@ -111,7 +113,7 @@ def main() -> None:
         tiny = make_table(1)
         overhead = []
         for i in range(5):
-            target = FlushTarget("bench", "tiny", (replica,), "bench")
+            target = FlushTarget("bench", "tiny", (replica,), f"bench-{i}")
             started = time.perf_counter()
             flush_block(spark, Block(f"tiny-{i}", tiny), target)
             overhead.append(time.perf_counter() - started)
