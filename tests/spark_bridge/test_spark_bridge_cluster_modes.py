@@ -3,8 +3,9 @@ server, both started from PySpark's jars (`devstack.spark_cluster`), one mode at
 
 Each mode is exercised twice: by `flush_block` from a fresh interpreter (Connect only: a
 process with a classic session, such as the test session's `local[2]` one, cannot open a
-Connect session, and a classic session for the standalone master would be that one), and by `hakafka run` daemons configured with `[spark] master` or `remote`,
-whose leader is SIGKILLed while a block is pending (written to ZooKeeper, not committed).
+Connect session, and a classic session for the standalone master would be that one), and
+by `hakafka run` daemons configured with `[spark] master` or `remote`, whose leader is
+SIGKILLed while a block is pending (written to ZooKeeper, not committed).
 """
 
 from __future__ import annotations
