@@ -88,8 +88,11 @@ def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_th
     )
     assert [s["standing"] for s in n2.status()["shards"]] == [False, False]
     assert drift_of(n1) == [] and [s["standing"] for s in n1.status()["shards"]] == [True, True]
-    (logged,) = events(n2, "settings.drift")
-    assert logged["differences"] == [on_error] and logged["level"] == "error"
+    # One event per comparison: n2 compares again when another node adds its endpoints to
+    # the record, so there may be more than one, each naming the same difference.
+    logged = events(n2, "settings.drift")
+    assert logged
+    assert all(e["differences"] == [on_error] and e["level"] == "error" for e in logged)
     status = hakafka("status", "--config", str(n1.config_path), "--json")
     assert status.code == 0, status.err
     errors = {n["node"]: n["error"] for n in json.loads(status.out)["nodes"]}
