@@ -1,5 +1,6 @@
 """Where CPU went over an interval, from /proc: the machine's busy and stolen cores, and per
-process its cores split by thread (librdkafka names its threads `rdk:*`).
+process (or group of processes below one) its cores split by thread (librdkafka names its
+threads `rdk:*`).
 
 A profile without a profiler: it cannot say what a thread waited on, but a thread that never
 waits for data yet runs on a core only part of the time is waiting on a lock or on I/O.
@@ -7,8 +8,10 @@ waits for data yet runs on a core only part of the time is waiting on a lock or 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +49,9 @@ def _threads(pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
-def children(pid: int) -> list[int]:
-    """The live child processes of `pid`, by their parent id in /proc."""
-    out = []
+def _parents() -> dict[int, int]:
+    """Process id -> parent process id of every live process, from /proc."""
+    out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -56,9 +59,24 @@ def children(pid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-            out.append(int(entry))
+        out[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
     return out
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid`, by their parent id in /proc."""
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below `pid`: its children, theirs, and so on (not `pid` itself)."""
+    parents = _parents()
+    found: list[int] = []
+    level = [pid]
+    while level:
+        level = [child for child, parent in parents.items() if parent in level]
+        found += level
+    return found
 
 
 @dataclass(frozen=True)
@@ -83,19 +101,32 @@ class CpuUse:
 
 class CpuMeter:
     """Call `start()` before and `stop()` after the interval; both read /proc and return
-    at once. `pids` names the processes to watch. A thread that starts inside the interval
-    counts in full; one that ends inside it is not counted (its last ticks are gone)."""
+    at once, and `stop()` may be called again for a longer interval from the same start.
+    `pids` names the processes to watch; `below` names groups of processes by an ancestor:
+    every process below that pid (not the pid itself), as found at the start and at the stop.
+    A thread or process that starts inside the interval counts in full; one that ends inside
+    it is not counted (its last ticks are gone)."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
-        self._pids = pids
+    def __init__(self, pids: dict[str, int], below: dict[str, int] | None = None) -> None:
+        self._members: dict[str, Callable[[], list[int]]] = {
+            **{name: functools.partial(list, (pid,)) for name, pid in pids.items()},
+            **{name: functools.partial(descendants, pid) for name, pid in (below or {}).items()},
+        }
         self._began = 0.0
         self._machine = (0, 0, 0)
         self._threads: dict[str, dict[int, tuple[str, int]]] = {}
 
+    def _read(self) -> dict[str, dict[int, tuple[str, int]]]:
+        """Every watched group's threads (thread ids are unique across processes)."""
+        return {
+            name: {tid: t for pid in members() for tid, t in _threads(pid).items()}
+            for name, members in self._members.items()
+        }
+
     def start(self) -> None:
         self._began = time.monotonic()
         self._machine = _machine()
-        self._threads = {name: _threads(pid) for name, pid in self._pids.items()}
+        self._threads = self._read()
 
     def stop(self) -> CpuUse:
         seconds = time.monotonic() - self._began
@@ -105,9 +136,10 @@ class CpuMeter:
         cores = os.cpu_count() or 1
         per_core_tick = total / cores if total else 1
         processes = {}
+        now = self._read()
         for name, before in self._threads.items():
             used: dict[int, tuple[str, int]] = {}
-            for tid, (comm, ticks) in _threads(self._pids[name]).items():
+            for tid, (comm, ticks) in now[name].items():
                 used[tid] = (comm, ticks - before.get(tid, (comm, 0))[1])
             rdk = sum(t for comm, t in used.values() if comm.startswith("rdk:"))
             others = sorted(

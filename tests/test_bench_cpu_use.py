@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from cpu_use import CpuMeter, children, stat_ticks
+from cpu_use import CpuMeter, children, descendants, stat_ticks
 
 
 def test_a_stat_line_is_read_past_a_command_name_holding_spaces_and_parentheses() -> None:
@@ -68,3 +68,41 @@ def test_children_lists_a_child_process_until_it_is_gone() -> None:
         child.kill()
         child.wait(10)
     assert child.pid not in children(os.getpid())
+
+
+def test_a_spinning_grandchild_is_counted_below_its_ancestor_and_nowhere_else() -> None:
+    # A child that only waits for its own child, which spins: as Spark's JVM and its workers.
+    spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (below := descendants(parent.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(below) == 1, below
+        assert descendants(os.getpid())[:1] == [parent.pid]
+        meter = CpuMeter({"parent": parent.pid}, below={"below the parent": parent.pid})
+        meter.start()
+        time.sleep(1.0)
+        use = meter.stop()
+    finally:
+        parent.kill()
+        parent.wait(10)
+        for pid in below:
+            os.kill(pid, 9)
+    assert use.processes["below the parent"].cores >= 0.3, use
+    assert use.processes["parent"].cores < 0.1, use
+
+
+def test_stop_reads_again_from_the_same_start() -> None:
+    meter = CpuMeter({"self": os.getpid()})
+    meter.start()
+    first = meter.stop()
+    time.sleep(0.2)
+    second = meter.stop()
+    assert second.seconds >= first.seconds + 0.2
