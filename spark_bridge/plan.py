@@ -93,7 +93,7 @@ def sorted_rows(table: pa.Table, what: str) -> pa.Table:
         raise PlanError(f"{what}: missing meta columns {missing}")
     if any(pa.types.is_dictionary(col.type) for col in table.columns):
         decoded = [
-            col.dictionary_decode() if pa.types.is_dictionary(col.type) else col
+            col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
             for col in table.columns
         ]
         table = pa.Table.from_arrays(decoded, names=table.column_names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_bridge.plan import PlanError, Span, cut, offsets_digest, plan_tasks
+from spark_bridge.plan import PlanError, Span, cut, offsets_digest, plan_tasks, sorted_rows
 
 
 def rows(pairs: list[tuple[int, int]]) -> pa.Table:
@@ -78,3 +78,18 @@ def test_the_same_offsets_of_another_topic_get_other_keys() -> None:
     refunds = plan_tasks(table, {0: (0, 4)}, 2, scope="refunds")
     assert [t.spans for t in orders] == [t.spans for t in refunds]
     assert {t.key for t in orders}.isdisjoint({t.key for t in refunds})
+
+
+def test_dictionary_columns_are_decoded_and_the_rows_sorted() -> None:
+    table = pa.table(
+        {
+            "kind": pa.chunked_array([pa.array(["b", "a"]).dictionary_encode()]),
+            "_partition": pa.array([1, 0], pa.int32()),
+            "_offset": pa.array([7, 3], pa.int64()),
+        }
+    )
+
+    rows = sorted_rows(table, "block 1")
+
+    assert rows.schema.field("kind").type == pa.string()
+    assert rows.to_pydict() == {"kind": ["a", "b"], "_partition": [0, 1], "_offset": [3, 7]}
