@@ -193,6 +193,8 @@ class SparkConnectServer:
                 "spark.pyspark.python": sys.executable,
                 "spark.ui.enabled": "false",
                 "spark.python.worker.reuse": "true",
+                # As hakafka's own sessions have it (spark_bridge.runtime): no delayed ACKs.
+                "spark.python.unix.domain.socket.enabled": "true",
                 "spark.sql.warehouse.dir": str(self.root / "warehouse"),
             },
         )

@@ -45,6 +45,7 @@ from hakafka.consumer import (
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from hakafka.consumer.schema import parse_path
 from hakafka.logs import LogLevel
+from spark_bridge.connection import is_loopback
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
 
@@ -585,7 +586,7 @@ def _spark(r: _Reader) -> SparkConfig:
         conf[key] = str(value).lower() if isinstance(value, bool) else str(value)
     spark = r.section(SparkConfig, conf=conf)
     server = urlsplit(spark.remote).hostname if spark.remote else None
-    if server is not None and not _is_loopback(server) and not spark.handoff_host:
+    if server is not None and not is_loopback(server) and not spark.handoff_host:
         r.problem(
             "handoff_host",
             f"is required with a Spark Connect server on another host ({server}): its "
@@ -601,13 +602,6 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
     except ValueError:
         return None
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether `host` (`[::1]` brackets allowed) is localhost or in 127.0.0.0/8 or ::1."""
-    ip = _ip(host)
-    # Any other host name may resolve anywhere.
-    return host == "localhost" or (ip is not None and ip.is_loopback)
 
 
 def advertised_host(server: NodeServerConfig, bind: Endpoint) -> str:
@@ -628,7 +622,7 @@ def _other_hosts(config: Config) -> list[str]:
         f"{node} = {endpoint}"
         for nodes in config.clickhouse.replicas.values()
         for node, endpoint in sorted(nodes.items())
-        if node != config.node and not _is_loopback(endpoint.host)
+        if node != config.node and not is_loopback(endpoint.host)
     ]
 
 
@@ -637,7 +631,7 @@ def _check_advertise(config: Config, problems: list[str]) -> None:
     else a follower would forward queries to "the leader" at its own loopback address."""
     s = config.server
     others = _other_hosts(config)
-    local = sorted({h for ep in (s.http, s.flight) if _is_loopback(h := advertised_host(s, ep))})
+    local = sorted({h for ep in (s.http, s.flight) if is_loopback(h := advertised_host(s, ep))})
     if others and local:
         which = (
             f"{', '.join(local)} is a loopback address"
@@ -667,7 +661,7 @@ def _server(r: _Reader) -> NodeServerConfig:
             r.problem("tls_cert_file", f"cannot load it with server.tls_key_file: {exc}")
     for name in ("http", "flight"):
         host = getattr(s, name).host
-        if not s.token and not _is_loopback(host):
+        if not s.token and not is_loopback(host):
             r.problem(
                 name,
                 f"binds {host}, reachable from other hosts, without a token; set "

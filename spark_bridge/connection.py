@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import urllib.request
 from collections.abc import Mapping
@@ -13,6 +14,15 @@ if TYPE_CHECKING:
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (`[::1]` brackets allowed) is localhost or in 127.0.0.0/8 or ::1."""
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return host == "localhost"  # any other host name may resolve anywhere
+    return ip.is_loopback
 
 
 def parse_bool(options: Mapping[str, str], key: str, default: bool) -> bool:
@@ -63,7 +73,8 @@ class Connection:
         return options
 
     def client(self, host: str, port: int, database: str | None = None, **kwargs: Any) -> Client:
-        """A clickhouse-connect HTTP client for `host:port` (raises if it cannot connect)."""
+        """A clickhouse-connect HTTP client for `host:port` (raises if it cannot connect).
+        Its inserts are compressed (lz4) unless `host` is a loopback address."""
         import clickhouse_connect
 
         options: dict[str, Any] = {
@@ -75,6 +86,9 @@ class Connection:
             "secure": self.secure,
             "verify": self.verify,
             "connect_timeout": self.connect_timeout,
+            # On loopback, compression is CPU spent at both ends to save no network:
+            # an insert of 56 MiB of Arrow cost the client 94 ms of CPU with lz4, 34 without.
+            "compress": not is_loopback(host),
         }
         if self.ca_cert:
             options["ca_cert"] = self.ca_cert

@@ -55,6 +55,7 @@ from pyspark.sql.datasource import (
 )
 
 from spark_bridge.chtypes import needs_text_cast, text_type
+from spark_bridge.clients import ClientPool, connect, worker_pool
 from spark_bridge.cluster import Hosts, committed_condition, format_shards
 from spark_bridge.connection import Connection
 from spark_bridge.tables import quote_identifier, table_columns
@@ -231,14 +232,7 @@ class ClickHouseOptions:
     def client(self, hosts: Hosts | None = None) -> Client:
         """A client for the first of `hosts` (default: `hosts`, the writer's shard) that
         accepts a connection (the last error otherwise)."""
-        error: Exception | None = None
-        for host, port in hosts or self.hosts:
-            try:
-                return self.connection.client(host, port, self.database)
-            except Exception as exc:
-                error = exc
-        assert error is not None  # `hosts` is never empty
-        raise error
+        return connect(self.connection, hosts or self.hosts, self.database)
 
     def token(self, task: int) -> str | None:
         if self.task_tokens:
@@ -269,9 +263,13 @@ def insert_settings(server_settings: Container[str], token: str | None) -> dict[
 
 
 def insert_task(
-    options: ClickHouseOptions, task: int, batches: Iterable[pa.RecordBatch]
+    options: ClickHouseOptions,
+    task: int,
+    batches: Iterable[pa.RecordBatch],
+    pool: ClientPool | None = None,
 ) -> TaskInserted:
-    """Insert all of one task's `batches` as ONE request (one token, one ClickHouse block).
+    """Insert all of one task's `batches` as ONE request (one token, one ClickHouse block),
+    with a client of `pool` (default: this process's `worker_pool`).
 
     The rows go as one Arrow record batch, however they came: ClickHouse (26) derives the
     deduplication ids of an insert from its token AND its input chunks, so the same rows
@@ -282,12 +280,9 @@ def insert_task(
         return TaskInserted(task, 0, options.token(task))
     data = pa.Table.from_batches(batch_list).combine_chunks()
     token = options.token(task)
-    client = options.client()
-    settings = insert_settings(client.server_settings, token)
-    try:
-        client.insert_arrow(options.table, data, database=options.database, settings=settings)
-    finally:
-        client.close()
+    with (pool or worker_pool()).client(options.connection, options.hosts, options.database) as c:
+        settings = insert_settings(c.server_settings, token)
+        c.insert_arrow(options.table, data, database=options.database, settings=settings)
     return TaskInserted(task, data.num_rows, token)
 
 

@@ -13,17 +13,19 @@ with the same tasks later (the daemon) records the plan and calls `flush` with i
 
 Each task fetches its slice from this process over Arrow Flight (`handoff`, at
 `runtime.handoff_address`); the slices never become Spark rows unless a transform needs them.
-The job is one DataFrame over `range(tasks)` in as many partitions, so it runs the same on a
-classic session (local or a cluster) and on Spark Connect, whose server has no access to this
-process but through the handoff. Without a transform each task inserts its slice as it came,
-and only its report (task, rows) passes through the JVM.
+The job is one pass over `range(tasks)` in as many partitions: an RDD on a classic session
+(local or a cluster), a DataFrame on Spark Connect (no RDDs there; its server reaches this
+process only through the handoff) or when a transform needs the rows. Without a transform
+each task inserts its slice as it came, and only its report (task, rows) passes through the
+JVM.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -105,15 +107,35 @@ def _slice_ids(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
         yield from batch.column(0).to_pylist()
 
 
+@functools.cache
+def _freeze_worker_heap() -> None:
+    """Once per Python worker, after its first task: put the objects its imports and pooled
+    clients made out of the collector's sight (`gc.freeze`). Spark's worker runs a full
+    `gc.collect()` after every task, which walked them all: 11 ms of CPU per task idle,
+    up to 50 ms under load, whatever the task's size."""
+    gc.collect()
+    gc.freeze()
+
+
 def _fetch_and_insert(
+    location: str, tickets: Sequence[bytes], options: ClickHouseOptions, task_ids: Iterable[int]
+) -> Iterator[tuple[int, int]]:
+    """Executor side, no transform: insert slice `i` as task `i` for each of `task_ids`;
+    ``(task, rows)`` for each."""
+    for task in task_ids:
+        yield task, insert_task(options, task, fetch_slice(location, tickets[task])).rows
+    _freeze_worker_heap()
+
+
+def _fetch_and_insert_arrow(
     location: str,
     tickets: Sequence[bytes],
     options: ClickHouseOptions,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """Executor side, no transform: insert slice `i` (the range value) as task `i`."""
-    for task in _slice_ids(batches):
-        yield _report(task, insert_task(options, task, fetch_slice(location, tickets[task])).rows)
+    """`_fetch_and_insert` for `mapInArrow`: the task ids are the range values."""
+    for task, rows in _fetch_and_insert(location, tickets, options, _slice_ids(batches)):
+        yield _report(task, rows)
 
 
 def _fetch(
@@ -134,6 +156,12 @@ def _insert_partition(
     assert context is not None
     task = context.partitionId()
     yield _report(task, insert_task(options, task, batches).rows)
+    _freeze_worker_heap()
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    """Whether `spark` is a Spark Connect session (which has no RDD API)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _spark_compatible(table: pa.Table) -> pa.Table:
@@ -179,11 +207,17 @@ class _BlockWrite:
         )
         count = len(self.tasks)
         location, tickets = self.handoff.location, self.handoff.tickets
+        if self.transform is None and not _is_connect(self.spark):
+            # An RDD job: the same work as the DataFrame job below without its planning and
+            # Arrow round trips, 30-40 ms less per flush. Partition i holds exactly i.
+            insert = functools.partial(_fetch_and_insert, location, tickets, options)
+            ids = self.spark.sparkContext.parallelize(range(count), count)
+            return [(int(task), int(rows)) for task, rows in ids.mapPartitions(insert).collect()]
         # Partition i of range(count) in count partitions holds exactly the value i.
         task_ids = self.spark.range(0, count, 1, count)
         if self.transform is None:
-            insert = functools.partial(_fetch_and_insert, location, tickets, options)
-            df = task_ids.mapInArrow(insert, _REPORT_SCHEMA)
+            insert_arrow = functools.partial(_fetch_and_insert_arrow, location, tickets, options)
+            df = task_ids.mapInArrow(insert_arrow, _REPORT_SCHEMA)
         else:
             from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from spark_bridge.connection import is_loopback
 from spark_bridge.redact import redact
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("spark_bridge.runtime")
 
 LOOPBACK = "127.0.0.1"
+JIT_C1_ONLY = "-XX:TieredStopAtLevel=1"
 # The host Spark tasks fetch block slices from, and the address the handoff listens on.
 HANDOFF_HOST_CONF = "spark.hakafka.handoff.host"
 HANDOFF_BIND_CONF = "spark.hakafka.handoff.bind"
@@ -93,6 +95,14 @@ class SparkSettings:
             conf["spark.ui.enabled"] = str(self.ui_enabled).lower()
             conf["spark.ui.showConsoleProgress"] = "false"
             conf["spark.python.worker.reuse"] = "true"
+            # JVM <-> Python worker over a Unix socket: over TCP every task waited out a
+            # delayed ACK (40 of the 80 ms of a one-task job here).
+            conf["spark.python.unix.domain.socket.enabled"] = "true"
+            # A flush's JVMs only schedule (the rows go from the handoff to the Python
+            # workers), and C2's compiles cost them three times the CPU of that scheduling.
+            # Heavy JVM-side transforms may want C2 back: `[spark.conf]` overrides these.
+            conf["spark.driver.extraJavaOptions"] = JIT_C1_ONLY
+            conf["spark.executor.extraJavaOptions"] = JIT_C1_ONLY
             conf["spark.driver.memory"] = self.driver_memory
             # Executors' Python must be the driver's (same packages, editable installs).
             conf["spark.pyspark.python"] = sys.executable
@@ -113,7 +123,7 @@ def _on_loopback(master: str) -> bool:
     """Whether `master` runs on this host's loopback: local mode or a standalone master at
     127.0.0.1/localhost (the dev stack's), whose executors then reach the driver there."""
     host = master.removeprefix("spark://").split(":", 1)[0]
-    return master.startswith("local") or host in (LOOPBACK, "localhost")
+    return master.startswith("local") or is_loopback(host)
 
 
 def handoff_address(spark: SparkSession) -> tuple[str, str]:
