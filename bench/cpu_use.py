@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,14 +102,20 @@ class CpuUse:
 class CpuMeter:
     """Call `start()` before and `stop()` after the interval; both read /proc and return
     at once, and `stop()` may be called again for a longer interval from the same start.
-    `pids` names the processes to watch; `below` names groups of processes by an ancestor:
-    every process below that pid (not the pid itself), as found at the start and at the stop.
+    `pids` names the processes to watch (several under one name count as one); `below` names
+    groups of processes by an ancestor: every process below that pid (not the pid itself), as
+    found at the start and at the stop.
     A thread or process that starts inside the interval counts in full; one that ends inside
     it is not counted (its last ticks are gone)."""
 
-    def __init__(self, pids: dict[str, int], below: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, pids: Mapping[str, int | Sequence[int]], below: Mapping[str, int] | None = None
+    ) -> None:
         self._members: dict[str, Callable[[], list[int]]] = {
-            **{name: functools.partial(list, (pid,)) for name, pid in pids.items()},
+            **{
+                name: functools.partial(list, (pid,) if isinstance(pid, int) else pid)
+                for name, pid in pids.items()
+            },
             **{name: functools.partial(descendants, pid) for name, pid in (below or {}).items()},
         }
         self._began = 0.0

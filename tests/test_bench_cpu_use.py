@@ -106,3 +106,22 @@ def test_stop_reads_again_from_the_same_start() -> None:
     time.sleep(0.2)
     second = meter.stop()
     assert second.seconds >= first.seconds + 0.2
+
+
+def test_processes_named_together_count_as_one() -> None:
+    spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        a, b = (p.pid for p in spinners)
+        meter = CpuMeter({"a": a, "b": b, "both": [a, b]})
+        meter.start()
+        time.sleep(1.0)
+        use = meter.stop()
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait(10)
+    got = use.processes
+    assert got["a"].cores >= 0.2 and got["b"].cores >= 0.2, use
+    # Read a moment apart from the two alone: a tick (10 ms) or so each may differ.
+    assert got["both"].cores == pytest.approx(got["a"].cores + got["b"].cores, abs=0.05), use
