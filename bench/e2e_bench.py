@@ -1,28 +1,39 @@
 """End-to-end figures of the daemon on the local stack, each next to a baseline of the same run.
 
-1. Ingest: after one warm-up record has gone all the way through, a sustained producer in
-   this process writes 1M JSON messages on 8 partitions while one daemon leading both
-   shards consumes them: rows/s and MiB/s into the buffer (Kafka -> decode -> WAL synced per
-   batch -> buffer) and into ClickHouse (-> Spark -> ClickHouse, checkpointed), next to a raw
-   librdkafka consume of the same messages from the same broker (and the producer's rate).
+Every load is written by PRODUCERS spawned processes (`Producers`): messages of the shape of
+`message` encoded without json.dumps, batched by librdkafka, either as fast as they can or paced
+in TICK ticks to a rate shared through one counter of claimed ids.
+
+1. Ingest: after one warm-up record has gone all the way through, the producers write 1M JSON
+   messages on 8 partitions while one daemon leading both shards consumes them: rows/s and
+   MiB/s into the buffer (Kafka -> decode -> WAL synced per batch -> buffer) and into
+   ClickHouse (-> Spark -> ClickHouse, checkpointed), next to a raw librdkafka consume of the
+   same messages from the same broker (and the producers' rate); the daemon's peak RSS
+   (VmHWM) against its configured buffer limit.
 2. Catch-up: the same, but the backlog is produced before the daemon starts (its Spark
    session already up), so no producer competes with it for the cores: the daemon's own
-   ingest and end-to-end rates, next to a raw consume of the same backlog, and where the CPU
-   went meanwhile (read from /proc by cpu_use.py: the daemon by thread, its Spark JVM, the
-   broker, ClickHouse, the rest of the machine and what the hypervisor stole).
-3. Latency: single timestamped messages produced at a low rate; time until each is
-   queryable in the leader's buffer (Flight) and until it is counted in ClickHouse.
-4. Failover: time from an ops failover request, and from a SIGKILL of the leader, until the
+   ingest and end-to-end rates (blocks at most 1 s old, so that the last blocks' wait is a
+   small part of it), next to a raw consume of the same backlog; where the CPU went from the
+   first consumed batch to the last row in ClickHouse (read from /proc by cpu_use.py: the
+   daemon by thread, its Spark JVM and Python workers, the broker, ClickHouse, the rest of the
+   machine and what the hypervisor stole), and the rows and MiB per core used by the daemon
+   and its Spark next to clickhouse_sinker's published figure.
+3. Sustained: the producers alone for PROBE_SECONDS as fast as they can (their rate must pass
+   the target, or the figure is theirs), then SUSTAIN_SHARE of the catch-up's end-to-end rate
+   (or --sustain-rate) for SUSTAIN_SECONDS: the produced, ingest and end-to-end rates after
+   the first minute against the catch-up's, the daemon's RSS at the minute and at the end,
+   the lag into ClickHouse at both and its largest, and how long the rest took to drain.
+4. Latency: single timestamped messages produced at a low rate; time until each is
+   queryable in the leader's buffer (Flight) and until it is counted in ClickHouse. Then,
+   with the producers writing half the sustained rate, LOADED_PROBES timestamped messages
+   until each is counted in ClickHouse.
+5. Failover: time from an ops failover request, and from a SIGKILL of the leader, until the
    new leader consumes (its `leader` znode says so), next to the session timeout.
-5. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
+6. Restart: time from starting a daemon over a WAL of WAL_MIB MiB until it consumes again,
    and the rows it replayed. The fill of that WAL, with Spark started first and idle, is
    ingest with no flush running; its CPU rows are read as in the catch-up.
-6. Memory: the daemon's peak RSS (VmHWM) against its configured buffer limit.
-7. Sustained: a producer in its own process writes SUSTAIN_RATE rows/s for SUSTAIN_SECONDS;
-   the daemon's ingest and end-to-end rates after the first minute, its RSS sampled every
-   5 s (flat or not), the largest lag into ClickHouse and how long the rest took to drain.
 
-Run: .venv/bin/python bench/e2e_bench.py [--steps ingest,sustained,...]   (about 12 minutes)
+Run: PYTHONPATH=. .venv/bin/python bench/e2e_bench.py   (about 12 minutes; --help for a part)
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -38,8 +50,10 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event, Semaphore
 from pathlib import Path
 from typing import Any
 
@@ -59,24 +73,49 @@ MIB = 1 << 20
 PARTITIONS = 8
 SHARDS = 2
 BACKLOG = 1_000_000
-CATCHUP_BACKLOG = 3_000_000  # about 12 s of catch-up: long enough to time at 0.1 s
+CATCHUP_BACKLOG = 3_000_000  # about 15 s of catch-up: long enough to time at 0.1 s
 LATENCY_SAMPLES = 100
 CLICKHOUSE_SAMPLES = 10
+LOADED_PROBES = 120
+PROBE_EVERY = 0.1  # s between two probes under load
+PROBE_POLL = 0.02  # s between two ClickHouse queries for the probes
+LOAD_SETTLE = 3.0  # s of load before the first probe: blocks reach their steady size
 FAILOVER_ROUNDS = 5
 WAL_MIB = 1024
 SESSION_TIMEOUT = 3.0
 ZK_ROOT = "/hakafka/bench"
 SUSTAIN_SECONDS = 300
-SUSTAIN_RATE = 40_000  # rows/s: about 80% of what one daemon ingests here with a producer
-SAMPLE_EVERY = 5.0
-# Flush blocks of 200k-1M rows, at most 5 s old; at most 1 GiB in the buffer.
+SUSTAIN_SHARE = 0.85  # of the catch-up's end-to-end rate: the sustained target
+SAMPLE_EVERY = 2.0
+PRODUCERS = 3  # processes: one alone cannot outrun the daemon here
+PRODUCE_CHUNK = 5_000  # ids a producer process claims at a time
+TICK = 0.1  # s: paced producers stay at most this far ahead of their rate
+PROBE_SECONDS = 5.0  # of the producers alone, before the sustained run
+PRODUCER_CONFIG: dict[str, int | str] = {
+    "linger.ms": 50,
+    "batch.size": 1 << 20,
+    "batch.num.messages": 100_000,
+    "queue.buffering.max.messages": 500_000,
+    "compression.type": "none",
+}
+# clickhouse_sinker's published figure (../shared/reference/peers.md, its
+# docs/dev/introduction.md): 754-byte JSON messages, 142k rows/s on 11 CPUs.
+SINKER_ROWS, SINKER_CPUS, SINKER_BYTES = 142_000, 11, 754
+# Flush blocks of 200k-1M rows, at most 1 s old; at most 1 GiB in the buffer.
 INGEST_BUFFER: dict[str, int | float] = {
     "min_rows": 200_000,
     "max_rows": 1_000_000,
     "min_bytes": 1,
-    "min_age": 1,
-    "max_age": 5,
+    "min_age": 0.5,
+    "max_age": 1,
     "limit_bytes": 1 << 30,
+}
+LATENCY_BUFFER: dict[str, int | float] = {
+    "min_rows": 1,
+    "max_rows": 100_000,
+    "min_bytes": 1,
+    "min_age": 0.2,
+    "max_age": 0.5,
 }
 COLUMNS = {
     "id": "Int64",
@@ -87,6 +126,9 @@ COLUMNS = {
     "note": "String",
     "sent_ns": "Int64",
 }
+USERS, AMOUNTS = 50_000, 10_000
+KINDS = ("click", "view", "buy", "share")
+COUNTRIES = ("de", "fr", "us", "cn", "br")
 
 
 Row = tuple[str, ...]
@@ -94,19 +136,35 @@ Row = tuple[str, ...]
 RAW = "raw librdkafka consume (baseline)"
 INGEST = "ingest: Kafka -> WAL -> buffer"
 END_TO_END = "end to end: -> Spark -> ClickHouse"
+# The names of the CPU meter's processes: the daemon and its Spark.
+DAEMON, JVM, PYTHON_WORKERS = "daemon", "its Spark JVM", "the JVM's Python workers"
+PRODUCER_CPU = f"the {PRODUCERS} producer processes"
 
 
 def message(i: int, sent_ns: int = 0) -> bytes:
     body = {
         "id": i,
-        "user": f"user-{i % 50_000:06d}",
-        "kind": ("click", "view", "buy", "share")[i % 4],
-        "amount": round(i % 10_000 / 7, 2),
-        "country": ("de", "fr", "us", "cn", "br")[i % 5],
+        "user": f"user-{i % USERS:06d}",
+        "kind": KINDS[i % len(KINDS)],
+        "amount": round(i % AMOUNTS / 7, 2),
+        "country": COUNTRIES[i % len(COUNTRIES)],
         "note": "x" * 106,
         "sent_ns": sent_ns,
     }
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+class Messages:
+    """`message(i)` for any i >= 0 at a few million a second: every field but the id repeats
+    with the period below, so the bytes after the id are encoded once for each residue."""
+
+    PERIOD = math.lcm(USERS, len(KINDS), AMOUNTS, len(COUNTRIES))
+
+    def __init__(self) -> None:
+        self._tails = [message(j)[len(b'{"id":%d,' % j) :] for j in range(self.PERIOD)]
+
+    def __call__(self, i: int) -> bytes:
+        return b'{"id":%d,%s' % (i, self._tails[i % self.PERIOD])
 
 
 def wait(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
@@ -117,27 +175,175 @@ def wait(check: Callable[[], bool], timeout: float, what: str, interval: float =
         time.sleep(interval)
 
 
-def produce_backlog(bootstrap: str, topic: str, count: int) -> int:
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 50,
-            "batch.size": 1 << 20,
-            "compression.type": "none",
-        }
-    )
-    size = 0
-    for i in range(count):
-        value = message(i)
-        size += len(value)
-        while True:
-            try:
-                producer.produce(topic, value=value, partition=i % PARTITIONS)
+@dataclass(frozen=True)
+class Load:
+    """What the producer processes write together into `topic`: ids 0, 1, ... each once,
+    message i on partition i % PARTITIONS, at `rate` rows/s in all (None: as fast as they
+    can), until `count` are written, `seconds` have passed or they are stopped."""
+
+    bootstrap: str
+    topic: str
+    rate: int | None = None
+    count: int = sys.maxsize
+    seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the producer processes of one load share with the bench."""
+
+    claimed: Synchronized[int]  # the next id to produce
+    sent: Synchronized[int]  # messages handed to librdkafka
+    sent_bytes: Synchronized[int]
+    began: Synchronized[float]  # time.monotonic() at the go
+    ready: Semaphore  # released by each process once its producer is built
+    go: Event
+    stop: Event
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What the producer processes of one load wrote."""
+
+    rows: int
+    mib: float
+    seconds: float  # from the go until every process had its messages delivered
+
+
+def produce_load(load: Load, shared: Shared) -> None:
+    """One producer process of `load`: claims PRODUCE_CHUNK ids at a time while they are due
+    (at most TICK ahead of the rate), produces them and counts them in `shared.sent`; every
+    message is delivered when it returns, or it raises."""
+    producer = Producer({**PRODUCER_CONFIG, "bootstrap.servers": load.bootstrap})
+    encode, produce, topic = Messages(), producer.produce, load.topic
+    shared.ready.release()
+    if not shared.go.wait(300):
+        raise RuntimeError(f"producer of {topic}: not told to start within 300 s")
+    began = shared.began.value
+    while not shared.stop.is_set() and (elapsed := time.monotonic() - began) < load.seconds:
+        due = load.count
+        if load.rate is not None:
+            due = min(due, int((elapsed + TICK) * load.rate))
+        with shared.claimed.get_lock():
+            first = shared.claimed.value
+            last = max(first, min(first + PRODUCE_CHUNK, due))
+            shared.claimed.value = last
+        if first == last:
+            if first >= load.count:
                 break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
-    return size
+            producer.poll(TICK / 5)  # ahead of the rate
+            continue
+        size = 0
+        for i in range(first, last):
+            value = encode(i)
+            size += len(value)
+            while True:
+                try:
+                    produce(topic, value, partition=i % PARTITIONS)
+                    break
+                except BufferError:  # librdkafka's queue is full: let it send
+                    producer.poll(0.01)
+        producer.poll(0)
+        with shared.sent.get_lock():
+            shared.sent.value += last - first
+        with shared.sent_bytes.get_lock():
+            shared.sent_bytes.value += size
+    left = producer.flush(120)
+    if left:
+        raise RuntimeError(f"producer of {topic}: {left} messages undelivered after 120 s")
+
+
+class Producers:
+    """PRODUCERS spawned processes writing one `Load`; `producing` starts and ends them."""
+
+    def __init__(self, load: Load) -> None:
+        spawn = multiprocessing.get_context("spawn")  # no librdkafka threads cross a fork
+        self.load = load
+        self._shared = Shared(
+            claimed=spawn.Value("q", 0),
+            sent=spawn.Value("q", 0),
+            sent_bytes=spawn.Value("q", 0),
+            began=spawn.Value("d", 0.0),
+            ready=spawn.Semaphore(0),
+            go=spawn.Event(),
+            stop=spawn.Event(),
+        )
+        self._processes = [
+            spawn.Process(target=produce_load, args=(load, self._shared), daemon=True)
+            for _ in range(PRODUCERS)
+        ]
+        self.began = 0.0  # time.monotonic() at the go
+
+    @property
+    def sent(self) -> int:
+        """The messages handed to librdkafka so far."""
+        return int(self._shared.sent.value)
+
+    def alive(self) -> bool:
+        return any(p.is_alive() for p in self._processes)
+
+    @property
+    def pids(self) -> list[int]:
+        """The processes' ids, once started."""
+        return [p.pid for p in self._processes if p.pid is not None]
+
+    def start(self) -> None:
+        """Start the processes and, once each has its producer, let them all go at once."""
+        for process in self._processes:
+            process.start()
+        deadline = time.monotonic() + 120
+        for ready in range(len(self._processes)):
+            while not self._shared.ready.acquire(timeout=0.5):
+                if time.monotonic() > deadline or any(
+                    p.exitcode is not None for p in self._processes
+                ):
+                    raise SystemExit(
+                        f"producers of {self.load.topic}: {ready} of {PRODUCERS} started"
+                    )
+        self.began = time.monotonic()
+        self._shared.began.value = self.began
+        self._shared.go.set()
+
+    def join(self) -> Produced:
+        """Wait until every process has ended (the load is written, its time is up or it was
+        stopped) and every message is delivered; what they wrote and how long it took."""
+        for process in self._processes:
+            process.join(self.load.seconds + 300)
+        took = time.monotonic() - self.began
+        failed = [p.exitcode for p in self._processes if p.exitcode != 0]
+        if failed:
+            raise SystemExit(f"producers of {self.load.topic} failed (exit codes {failed})")
+        return Produced(self.sent, self._shared.sent_bytes.value / MIB, took)
+
+    def close(self) -> None:
+        """Stop the processes, however far they got; terminate any that do not end."""
+        self._shared.stop.set()
+        for process in self._processes:
+            if process.pid is not None:
+                process.join(130)
+                if process.is_alive():
+                    process.terminate()
+                    process.join(10)
+
+
+@contextlib.contextmanager
+def producing(load: Load) -> Iterator[Producers]:
+    """The producers of `load`, just told to go; stopped on leaving, however that is."""
+    producers = Producers(load)
+    try:
+        producers.start()
+        yield producers
+    finally:
+        producers.close()
+
+
+def produce_backlog(bootstrap: str, topic: str, count: int) -> Produced:
+    """`count` messages written into `topic` as fast as the producers can."""
+    with producing(Load(bootstrap, topic, count=count)) as producers:
+        produced = producers.join()
+    if produced.rows != count:
+        raise SystemExit(f"producers of {topic}: {produced.rows:,} of {count:,} messages written")
+    return produced
 
 
 def raw_consume(bootstrap: str, topic: str, count: int) -> float:
@@ -198,14 +404,14 @@ def consumed(node: DaemonNode) -> float:
     return metric(node, "hakafka_consumed_rows_total")
 
 
+def speed(rows: float, mib: float, seconds: float) -> tuple[str, str]:
+    """The rows/s and MiB/s cells of `rows` rows of `mib` MiB in `seconds`."""
+    return f"{rows / seconds:,.0f} rows/s", f"{mib / seconds:.1f} MiB/s"
+
+
 def rate_row(label: str, timed: int, mib: float, seconds: float, raw_per_row: float) -> Row:
     """`timed` rows of `mib` MiB in `seconds`, with the raw consume time per row as the base."""
-    return (
-        label,
-        f"{timed / seconds:,.0f} rows/s",
-        f"{mib / seconds:.1f} MiB/s",
-        f"{raw_per_row * timed / seconds:.2f}",
-    )
+    return (label, *speed(timed, mib, seconds), f"{raw_per_row * timed / seconds:.2f}")
 
 
 def scalar(client: Any, sql: str) -> int:
@@ -232,25 +438,28 @@ def memory_mib(pid: int, field: str = "VmHWM") -> float:
     return 0.0
 
 
-def cpu_meter(node: DaemonNode, stack_pids: dict[str, int]) -> CpuMeter:
-    """A meter of the node's daemon, its Spark JVM (a child, if running) and the stack."""
+def cpu_meter(node: DaemonNode, others: Mapping[str, int | Sequence[int]]) -> CpuMeter:
+    """A meter of the node's daemon, its Spark JVM (a child, if running) and the JVM's Python
+    workers (the processes below it), and the `others` (the stack, the producers)."""
     daemon = node.pid
     assert daemon is not None
-    pids = {"daemon": daemon}
+    pids = {DAEMON: daemon}
+    below = {}
     for child in children(daemon):
         if "java" in " ".join(pid_cmdline(child)):
-            pids["its Spark JVM"] = child
-    return CpuMeter({**pids, **stack_pids})
+            pids[JVM] = child
+            below[PYTHON_WORKERS] = child
+    return CpuMeter({**pids, **others}, below)
 
 
 def cpu_rows(cpu: CpuUse) -> list[Row]:
     """Table rows saying where the cores went: the daemon by thread, the other processes, and
-    the rest of the machine (kernel, Spark's Python workers, ZooKeeper, this bench)."""
-    daemon = cpu.processes["daemon"]
+    the rest of the machine (kernel, ZooKeeper, this bench)."""
+    daemon = cpu.processes[DAEMON]
     two = " + ".join(f"{c:.2f}" for c in daemon.busiest[:2])
     rows: list[Row] = [
         (
-            "  CPU: daemon",
+            f"  CPU: {DAEMON}",
             f"{daemon.cores:.2f} cores",
             f"2 busiest threads {two}",
             f"librdkafka {daemon.rdkafka:.2f}",
@@ -259,7 +468,7 @@ def cpu_rows(cpu: CpuUse) -> list[Row]:
     rows += [
         (f"  CPU: {name}", f"{use.cores:.2f} cores", "", "")
         for name, use in cpu.processes.items()
-        if name != "daemon"
+        if name != DAEMON
     ]
     rest = cpu.busy - sum(use.cores for use in cpu.processes.values())
     rows.append(
@@ -271,6 +480,32 @@ def cpu_rows(cpu: CpuUse) -> list[Row]:
         )
     )
     return rows
+
+
+def per_core_rows(cpu: CpuUse, rows: int, mib: float) -> list[Row]:
+    """`rows` rows of `mib` MiB over the interval of `cpu`, per core the daemon and its Spark
+    used meanwhile, next to clickhouse_sinker's published figure per core."""
+    spark = (DAEMON, JVM, PYTHON_WORKERS)
+    if missing := [name for name in spark if name not in cpu.processes]:
+        raise SystemExit(f"per core: no {' and no '.join(missing)} to read the CPU of")
+    used = [cpu.processes[name].cores for name in spark]
+    core_seconds = sum(used) * cpu.seconds
+    sinker_rows = SINKER_ROWS / SINKER_CPUS
+    sinker_mib = sinker_rows * SINKER_BYTES / MIB
+    return [
+        (
+            "  end to end per core of the daemon and its Spark",
+            *speed(rows, mib, core_seconds),
+            f"{sum(used):.2f} cores: " + " + ".join(f"{c:.2f}" for c in used),
+        ),
+        (
+            f"  clickhouse_sinker, published ({SINKER_BYTES} B JSON)",
+            *speed(sinker_rows, sinker_mib, 1),
+            f"{SINKER_ROWS // 1000}k rows/s on {SINKER_CPUS} CPUs; ours "
+            f"{rows / core_seconds / sinker_rows:.2f}x its rows, "
+            f"{mib / core_seconds / sinker_mib:.2f}x its MiB",
+        ),
+    ]
 
 
 @dataclass(frozen=True)
@@ -295,18 +530,19 @@ class Fill:
     mib: float  # their share of the backlog's MiB
     seconds: float
     cpu: CpuUse  # over those seconds
+    meter: CpuMeter  # read again for a longer interval from the same start
 
 
 @dataclass
 class StepCluster:
-    """A step's cluster, its topic and ClickHouse database, and the bytes of the backlog
+    """A step's cluster, its topic and ClickHouse database, and the MiB of the backlog
     produced before it started (0 if none); `running` makes one."""
 
     bench: Bench
     cluster: LocalCluster
     topic: str
     database: str
-    backlog_bytes: int
+    backlog_mib: float
 
     @property
     def node(self) -> DaemonNode:
@@ -359,7 +595,7 @@ class StepCluster:
         seconds = self.until_consumed(count, began, timeout, what)
         cpu = meter.stop()
         timed = count - before
-        return Fill(began, timed, self.backlog_bytes / MIB * timed / count, seconds, cpu)
+        return Fill(began, timed, self.backlog_mib * timed / count, seconds, cpu, meter)
 
     def baseline(self, count: int) -> float:
         """Seconds for raw librdkafka to read `count` messages of the step's topic; call it
@@ -390,38 +626,39 @@ def running(bench: Bench, step: Step) -> Iterator[StepCluster]:
         rows_per_task=500_000,
         spark_on_followers=step.spark_on_followers,
     )
-    size = produce_backlog(bench.stack.kafka, topic, step.backlog) if step.backlog else 0
+    mib = produce_backlog(bench.stack.kafka, topic, step.backlog).mib if step.backlog else 0.0
     try:
         cluster.start()
         if step.leaders:
             cluster.wait_leaders([0, 1])
-        yield StepCluster(bench, cluster, topic, database, size)
+        yield StepCluster(bench, cluster, topic, database, mib)
     finally:
         cluster.stop()
 
 
 def ingest(bench: Bench) -> list[Row]:
-    """A sustained producer in this process while the daemon consumes (its Spark session up):
-    the rates into the buffer and into ClickHouse next to the producer's and a raw consume's,
-    and the daemon's peak RSS against its buffer limit."""
+    """The producers writing as fast as they can while the daemon consumes (its Spark session
+    up): the rates into the buffer and into ClickHouse next to the producers' and a raw
+    consume's, and the daemon's peak RSS against its buffer limit."""
     with running(bench, Step("ingest")) as step:
         step.warm_up(Producer({"bootstrap.servers": bench.stack.kafka}))
-        # The clock starts with a sustained producer: the daemon consumes while it produces.
-        began = time.perf_counter()
-        size = produce_backlog(bench.stack.kafka, step.topic, BACKLOG)
-        produced = time.perf_counter() - began
+        # The clock starts with the producers: the daemon consumes while they produce.
+        with producing(Load(bench.stack.kafka, step.topic, count=BACKLOG)) as producers:
+            began = time.perf_counter()
+            produced = producers.join()
         buffered = step.until_consumed(BACKLOG + 1, began, 600, "the backlog in the buffer")
         flushed = step.until_in_clickhouse(BACKLOG + 1, began)
         rss = memory_mib(step.pid)
     raw = step.baseline(BACKLOG + 1)
-    mib, per_row, limit = size / MIB, raw / BACKLOG, INGEST_BUFFER["limit_bytes"] / MIB
+    mib, per_row, limit = produced.mib, raw / BACKLOG, INGEST_BUFFER["limit_bytes"] / MIB
     return [
-        rate_row("sustained producer (this process)", BACKLOG, mib, produced, per_row),
-        rate_row(RAW, BACKLOG, mib, raw, per_row),
-        rate_row(INGEST, BACKLOG, mib, buffered, per_row),
-        rate_row(END_TO_END, BACKLOG, mib, flushed, per_row),
+        (f"ingest of {BACKLOG:,} messages while they are produced:", "", "", ""),
+        rate_row("  producers, unpaced", BACKLOG, mib, produced.seconds, per_row),
+        rate_row(f"  {RAW}", BACKLOG, mib, raw, per_row),
+        rate_row(f"  {INGEST}", BACKLOG, mib, buffered, per_row),
+        rate_row(f"  {END_TO_END}", BACKLOG, mib, flushed, per_row),
         (
-            "peak RSS of the daemon (VmHWM)",
+            "  peak RSS of the daemon (VmHWM)",
             f"{rss:,.0f} MiB",
             f"limit {limit:,.0f} MiB",
             f"{rss / limit:.2f}",
@@ -429,19 +666,50 @@ def ingest(bench: Bench) -> list[Row]:
     ]
 
 
-def catchup(bench: Bench) -> list[Row]:
+@dataclass
+class Run:
+    """The options of one run, and what later steps take from the catch-up."""
+
+    sustain_seconds: float
+    sustain_rate: int | None  # rows/s; None: SUSTAIN_SHARE of the catch-up's end to end
+    catchup_backlog: int
+    catchup_e2e: float | None = None  # rows/s, once the catch-up step has run
+
+    def target(self) -> tuple[int, str]:
+        """The sustained rate in rows/s, and where it comes from."""
+        if self.sustain_rate is not None:
+            return self.sustain_rate, "--sustain-rate"
+        if self.catchup_e2e is None:
+            raise SystemExit(
+                "the sustained rate is a share of the catch-up's end-to-end rate: "
+                "run the catchup step before it or give --sustain-rate"
+            )
+        return int(SUSTAIN_SHARE * self.catchup_e2e), f"{SUSTAIN_SHARE} x catch-up end to end"
+
+    def against_catchup(self, rows_per_s: float) -> str:
+        """A ratio cell: `rows_per_s` against the catch-up's end-to-end rate, if measured."""
+        if self.catchup_e2e is None:
+            return "no catch-up in this run"
+        return f"{rows_per_s / self.catchup_e2e:.2f} of catch-up e2e"
+
+
+def catchup(bench: Bench, run: Run) -> list[Row]:
     """The daemon's own ingest rate: a backlog produced before it starts (no producer competes
     for the cores), Spark up before it stands for election; timed from its first consumed
-    batch, next to a raw consume of the same backlog."""
-    spec = Step("catchup", spark_on_followers=True, backlog=CATCHUP_BACKLOG, leaders=False)
+    batch, next to a raw consume of the same backlog, with where the CPU went until the last
+    row was in ClickHouse and what that is per core of the daemon and its Spark."""
+    count = run.catchup_backlog
+    spec = Step("catchup", spark_on_followers=True, backlog=count, leaders=False)
     with running(bench, spec) as step:
-        fill = step.fill(CATCHUP_BACKLOG, 600, "the backlog in the buffer")
-        flushed = step.until_in_clickhouse(CATCHUP_BACKLOG, fill.began)
-    raw = step.baseline(CATCHUP_BACKLOG)
-    per_row = raw / CATCHUP_BACKLOG
+        fill = step.fill(count, 600, "the backlog in the buffer")
+        flushed = step.until_in_clickhouse(count, fill.began)
+        cpu = fill.meter.stop()
+    raw = step.baseline(count)
+    per_row = raw / count
+    run.catchup_e2e = fill.rows / flushed
     return [
-        (f"catch-up of {CATCHUP_BACKLOG:,} messages produced first:", "", "", ""),
-        rate_row(f"  {RAW}", CATCHUP_BACKLOG, step.backlog_bytes / MIB, raw, per_row),
+        (f"catch-up of {count:,} messages produced first:", "", "", ""),
+        rate_row(f"  {RAW}", count, step.backlog_mib, raw, per_row),
         rate_row(f"  {INGEST}", fill.rows, fill.mib, fill.seconds, per_row),
         rate_row(f"  {END_TO_END}", fill.rows, fill.mib, flushed, per_row),
         (
@@ -450,114 +718,142 @@ def catchup(bench: Bench) -> list[Row]:
             f"max_age {INGEST_BUFFER['max_age']} s",
             "",
         ),
-        *cpu_rows(fill.cpu),
+        *per_core_rows(cpu, fill.rows, fill.mib),
+        ("  CPU from the first consumed batch to the last row in ClickHouse:", "", "", ""),
+        *cpu_rows(cpu),
     ]
 
 
-def paced_producer(bootstrap: str, topic: str, rate: int, seconds: float, sent: Any) -> None:
-    """Produce `rate` messages a second for `seconds` (in 100 ms ticks, catching up when
-    behind) and keep `sent` (a shared counter) at the number produced. Runs in its own process."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1 << 20})
-    began = time.monotonic()
-    i = 0
-    while (elapsed := time.monotonic() - began) < seconds:
-        due = min(int(elapsed * rate) + rate // 10, int(seconds * rate))
-        while i < due:
-            try:
-                producer.produce(topic, value=message(i), partition=i % PARTITIONS)
-                i += 1
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-        sent.value = i
-        time.sleep(max(0.0, (i / rate) - (time.monotonic() - began) - 0.1))
-    if producer.flush(120) != 0:
-        raise RuntimeError("sustained producer: messages undelivered after 120 s")
-    sent.value = i
+def producer_probe(bench: Bench, target: int) -> Row:
+    """The producers alone (no daemon runs) for PROBE_SECONDS as fast as they can, into a
+    topic of their own: a sustained rate they cannot reach would be theirs, not the daemon's."""
+    topic = "e2e_producers"
+    create_topic(bench.stack.kafka, topic, PARTITIONS)
+    with producing(Load(bench.stack.kafka, topic, seconds=PROBE_SECONDS)) as producers:
+        produced = producers.join()
+    return (
+        f"  producers alone first, {PROBE_SECONDS:.0f} s unpaced",
+        *speed(produced.rows, produced.mib, produced.seconds),
+        f"{produced.rows / produced.seconds / target:.2f} of the sustained target",
+    )
 
 
-def sustained(
-    bench: Bench, *, rate: int = SUSTAIN_RATE, seconds: float = SUSTAIN_SECONDS
-) -> list[Row]:
-    """A producer in another process at a fixed rate for `seconds`; the daemon's ingest and
-    end-to-end rates over the run after its first minute, and its RSS sampled throughout."""
-    spawn = multiprocessing.get_context("spawn")  # no librdkafka threads cross a fork
-    sent = spawn.Value("q", 0)
-    samples: list[tuple[float, int, float, int, float]] = []  # t, sent, consumed, in CH, RSS
-    with running(bench, Step("sustained")) as step:
-        producer = spawn.Process(
-            target=paced_producer,
-            args=(bench.stack.kafka, step.topic, rate, seconds, sent),
-            daemon=True,
-        )
-        began = time.monotonic()
-        producer.start()
-        while producer.is_alive() and time.monotonic() - began < seconds + 150:
-            samples.append(
-                (
-                    time.monotonic() - began,
-                    sent.value,
-                    consumed(step.node),
-                    step.clickhouse_rows(),
-                    memory_mib(step.pid, "VmRSS"),
-                )
-            )
-            time.sleep(SAMPLE_EVERY)
-        producer.join(5)
-        if producer.exitcode != 0:
-            raise SystemExit(f"sustained producer failed (exit code {producer.exitcode})")
-        total = sent.value
-        drain_began = time.monotonic()
-        wait(lambda: step.clickhouse_rows() >= total, 300, "the sustained rows in ClickHouse", 0.5)
-        drained = time.monotonic() - drain_began
-    # The window: from the end of the first minute (of the first quarter of a short run) to
-    # the last sample before the producer ended.
+@dataclass(frozen=True)
+class Sample:
+    """The sustained step at one moment."""
+
+    at: float  # s since the producers started
+    sent: int
+    consumed: int
+    in_clickhouse: int
+    rss: float  # MiB
+    flushed: int  # rows, by the daemon's counters
+    flushes: int
+
+    @property
+    def lag(self) -> int:
+        """Rows produced but not yet in ClickHouse."""
+        return self.sent - self.in_clickhouse
+
+
+def sustained(bench: Bench, run: Run) -> list[Row]:
+    """The producers at the target rate for `run.sustain_seconds` (after the probe of their
+    own rate): the produced, ingest and end-to-end rates over the run after its first minute
+    (of its first quarter, if shorter), where the CPU went meanwhile, and the daemon's RSS and
+    the lag into ClickHouse from that minute to the end."""
+    (target, source), seconds = run.target(), run.sustain_seconds
     start = min(60.0, seconds / 4)
-    window = [s for s in samples if start <= s[0] <= seconds]
-    if len(window) < 2:
+    probe = producer_probe(bench, target)
+    samples: list[Sample] = []
+    meter: CpuMeter | None = None
+    cpu: CpuUse | None = None  # over the samples from `start` to `seconds`
+    with running(bench, Step("sustained", spark_on_followers=True)) as step:
+        step.warm_up(Producer({"bootstrap.servers": bench.stack.kafka}))
+        warm = step.clickhouse_rows()  # the warm-up record
+        load = Load(bench.stack.kafka, step.topic, rate=target, seconds=seconds)
+        with producing(load) as producers:
+            while producers.alive():
+                sample = Sample(
+                    time.monotonic() - producers.began,
+                    producers.sent,
+                    int(consumed(step.node)) - warm,
+                    step.clickhouse_rows() - warm,
+                    memory_mib(step.pid, "VmRSS"),
+                    int(metric(step.node, "hakafka_flush_rows_total")),
+                    int(metric(step.node, "hakafka_flushes_total")),
+                )
+                samples.append(sample)
+                if meter is None and sample.at >= start:
+                    meter = cpu_meter(step.node, {**bench.pids, PRODUCER_CPU: producers.pids})
+                    meter.start()
+                elif meter is not None and sample.at <= seconds:
+                    cpu = meter.stop()
+                time.sleep(SAMPLE_EVERY)
+            total = producers.join().rows
+        drain_began = time.monotonic()
+        wait(
+            lambda: step.clickhouse_rows() - warm >= total,
+            300,
+            "the sustained rows in ClickHouse",
+            0.5,
+        )
+        drained = time.monotonic() - drain_began
+    window = [s for s in samples if start <= s.at <= seconds]
+    if len(window) < 2 or cpu is None:
         raise SystemExit(f"sustained: {len(window)} samples in the window, run longer")
     first, last = window[0], window[-1]
-    span = last[0] - first[0]
+    span = last.at - first.at
     mib_per_row = len(message(0)) / MIB
-    lag = max(s[1] - s[3] for s in window)
-    rows: list[Row] = []
-    for what, index in (
-        (f"sustained {seconds:.0f} s: producer (own process)", 1),
-        (f"  {INGEST}", 2),
-        (f"  {END_TO_END}", 3),
-    ):
-        per_s = (last[index] - first[index]) / span
-        rows.append(
-            (
-                what,
-                f"{per_s:,.0f} rows/s",
-                f"{per_s * mib_per_row:.1f} MiB/s",
-                f"{per_s / ((last[1] - first[1]) / span):.2f} of produced",
-            )
-        )
-    rss = [s[4] for s in window]
-    rows.append(
+    produced = (last.sent - first.sent) / span
+    rows: list[Row] = [
+        (f"sustained {seconds:.0f} s at {target:,} rows/s ({source}):", "", "", ""),
+        probe,
         (
-            f"  RSS, {start:.0f} s -> end of run",
-            f"{rss[0]:,.0f} -> {rss[-1]:,.0f} MiB",
-            f"min {min(rss):,.0f} max {max(rss):,.0f}",
-            f"max lag {lag:,} rows, drain {drained:.1f} s",
+            f"  producers ({PRODUCERS} processes, paced)",
+            *speed(produced, produced * mib_per_row, 1),
+            f"{produced / target:.2f} of the target",
+        ),
+    ]
+    for what, count in ((INGEST, "consumed"), (END_TO_END, "in_clickhouse")):
+        per_s = (getattr(last, count) - getattr(first, count)) / span
+        rows.append(
+            (f"  {what}", *speed(per_s, per_s * mib_per_row, 1), run.against_catchup(per_s))
         )
-    )
-    return rows
+    flushes = last.flushes - first.flushes
+    block = (last.flushed - first.flushed) // max(flushes, 1)
+    rss_change = last.rss / first.rss - 1
+    return [
+        *rows,
+        (
+            f"  RSS of the daemon, {first.at:.0f} s -> {last.at:.0f} s",
+            f"{first.rss:,.0f} -> {last.rss:,.0f} MiB",
+            f"min {min(s.rss for s in window):,.0f} max {max(s.rss for s in window):,.0f}",
+            f"end {rss_change:+.1%}: "
+            + ("within" if abs(rss_change) <= 0.1 else "NOT within")
+            + " 10%",
+        ),
+        (
+            f"  lag into ClickHouse, {first.at:.0f} s -> {last.at:.0f} s",
+            f"{first.lag:,} -> {last.lag:,} rows",
+            f"max {max(s.lag for s in window):,} rows",
+            f"{flushes} blocks of {block:,} rows: "
+            + ("does not grow" if last.lag <= first.lag + block else "GROWS (> one block)"),
+        ),
+        ("  drain after the producers ended", f"{drained:.1f} s", "", ""),
+        (f"  CPU from {first.at:.0f} s to {last.at:.0f} s:", "", "", ""),
+        *cpu_rows(cpu),
+    ]
 
 
-def latency(bench: Bench) -> list[Row]:
+def latency(bench: Bench, run: Run) -> list[Row]:
     """Single timestamped messages at a low rate: how long until each is queryable in the
-    leader's buffer (every one) and counted in ClickHouse (every tenth)."""
-    spec = Step(
-        "latency",
-        buffer={"min_rows": 1, "max_rows": 100_000, "min_bytes": 1, "min_age": 0.2, "max_age": 0.5},
-    )
+    leader's buffer (every one) and counted in ClickHouse (every tenth); then the same into
+    ClickHouse under a load of half the sustained rate."""
+    load_rate = run.target()[0] // 2
     producer = Producer({"bootstrap.servers": bench.stack.kafka, "linger.ms": 0})
     to_buffer: list[float] = []
     to_clickhouse: list[float] = []
-    with running(bench, spec) as step:
+    with running(bench, Step("latency", buffer=LATENCY_BUFFER)) as step:
         flight = f"grpc://127.0.0.1:{step.node.flight_port}"
         step.warm_up(producer)
         for i in range(LATENCY_SAMPLES):
@@ -583,10 +879,17 @@ def latency(bench: Bench) -> list[Row]:
                 )
                 to_clickhouse.append(time.perf_counter() - sent)
         floor = min(timeit(lambda: query(flight, "SELECT 1 AS n")) for _ in range(20))
+        loaded = under_load(step, producer, load_rate)
     rows: list[Row] = []
-    for what, samples in (
-        ("produce -> queryable in buffer", to_buffer),
-        ("produce -> visible in ClickHouse", to_clickhouse),
+    for what, samples, note in (
+        ("produce -> queryable in buffer", to_buffer, f"query floor {floor * 1000:.1f} ms"),
+        ("produce -> visible in ClickHouse", to_clickhouse, f"query floor {floor * 1000:.1f} ms"),
+        (
+            f"  at half the sustained rate, {load_rate:,} rows/s",
+            loaded.latencies,
+            f"load {loaded.rate:,.0f} rows/s; a query every {PROBE_POLL * 1000:.0f} ms"
+            f" + {loaded.query * 1000:.0f} ms",
+        ),
     ):
         q = statistics.quantiles(samples, n=100, method="inclusive")
         rows.append(
@@ -594,10 +897,63 @@ def latency(bench: Bench) -> list[Row]:
                 f"{what} ({len(samples)} msgs)",
                 f"p50 {q[49] * 1000:,.0f} ms",
                 f"p99 {q[98] * 1000:,.0f} ms",
-                f"query floor {floor * 1000:.1f} ms",
+                note,
             )
         )
     return rows
+
+
+@dataclass(frozen=True)
+class UnderLoad:
+    latencies: list[float]  # s from each probe's `sent_ns` until a query returned it
+    rate: float  # rows/s the producers reached meanwhile
+    query: float  # s, the median of the queries looking for the probes
+
+
+def under_load(step: StepCluster, probe: Producer, rate: int) -> UnderLoad:
+    """With the producers writing `rate` rows/s into the step's topic, LOADED_PROBES messages
+    sent with `probe` PROBE_EVERY apart, each looked for in ClickHouse every PROBE_POLL by its
+    partition and offset until a query returns it."""
+    delivered: set[tuple[int, int]] = set()  # (partition, offset) of probes not seen yet
+
+    def on_delivery(error: Any, msg: Any) -> None:
+        if error is not None:
+            raise SystemExit(f"probe message undelivered: {error}")
+        delivered.add((msg.partition(), msg.offset()))
+
+    seen: list[float] = []
+    queries: list[float] = []
+    load = Load(step.bench.stack.kafka, step.topic, rate=rate)
+    with producing(load) as producers:
+        time.sleep(LOAD_SETTLE)
+        began, sent_before = time.monotonic(), producers.sent
+        deadline = began + LOADED_PROBES * PROBE_EVERY + 60
+        sent = 0
+        while len(seen) < LOADED_PROBES:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{len(seen)} of {LOADED_PROBES} probes in ClickHouse in time")
+            if sent < LOADED_PROBES and time.monotonic() >= began + sent * PROBE_EVERY:
+                value = message(-2 - sent, time.time_ns())  # ids apart from the load's
+                probe.produce(
+                    step.topic, value, partition=sent % PARTITIONS, on_delivery=on_delivery
+                )
+                sent += 1
+            probe.poll(0)
+            if delivered:
+                keys = ", ".join(f"({p}, {o})" for p, o in delivered)
+                asked = time.perf_counter()
+                found = step.client.query(
+                    "SELECT _partition, _offset, sent_ns FROM events"
+                    f" WHERE (_partition, _offset) IN ({keys})"
+                ).result_rows
+                now = time.time_ns()
+                queries.append(time.perf_counter() - asked)
+                for partition, offset, sent_ns in found:
+                    delivered.discard((partition, offset))
+                    seen.append((now - sent_ns) / 1e9)
+            time.sleep(PROBE_POLL)
+        reached = (producers.sent - sent_before) / (time.monotonic() - began)
+    return UnderLoad(seen, reached, statistics.median(queries))
 
 
 def timeit(fn: Callable[[], object]) -> float:
@@ -729,24 +1085,35 @@ def restart(bench: Bench) -> list[Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sustain-seconds", type=float, default=SUSTAIN_SECONDS)
-    parser.add_argument("--sustain-rate", type=int, default=SUSTAIN_RATE, help="rows/s")
-    parser.add_argument("--steps", default="ingest,catchup,sustained,latency,failover,restart")
+    parser.add_argument(
+        "--sustain-rate",
+        type=int,
+        help=f"rows/s (default: {SUSTAIN_SHARE} of the catch-up's end-to-end rate of this run)",
+    )
+    parser.add_argument("--catchup-backlog", type=int, default=CATCHUP_BACKLOG, help="messages")
+    parser.add_argument(
+        "--steps",
+        default="ingest,catchup,sustained,latency,failover,restart",
+        help="in this order; sustained and latency take their rate from catchup",
+    )
     args = parser.parse_args()
-    configure_logs("console", "warning")  # the table, not the ops client's connection events
+    run = Run(args.sustain_seconds, args.sustain_rate, args.catchup_backlog)
     steps: dict[str, Callable[[Bench], list[Row]]] = {
         "ingest": ingest,
-        "catchup": catchup,
-        "sustained": functools.partial(
-            sustained, rate=args.sustain_rate, seconds=args.sustain_seconds
-        ),
-        "latency": latency,
+        "catchup": functools.partial(catchup, run=run),
+        "sustained": functools.partial(sustained, run=run),
+        "latency": functools.partial(latency, run=run),
         "failover": failover,
         "restart": restart,
     }
+    names = args.steps.split(",")
+    if unknown := set(names) - set(steps):
+        parser.error(f"--steps: no step {', '.join(sorted(unknown))} (steps: {', '.join(steps)})")
+    configure_logs("console", "warning")  # the table, not the ops client's connection events
     rows: list[Row] = []
     try:
         with local_stack("hakafka-e2e-bench-") as bench:
-            for name in args.steps.split(","):
+            for name in names:
                 print(f"... {name}", file=sys.stderr, flush=True)
                 rows += steps[name](bench)
     finally:
@@ -756,9 +1123,9 @@ def main() -> int:
 
 def report(rows: list[Row]) -> None:
     print(
-        f"e2e bench: {BACKLOG:,} JSON messages of ~{len(message(0))} B, {PARTITIONS} partitions, "
-        f"one daemon leading 2 shards, {os.cpu_count()} cores shared by broker, ClickHouse, "
-        "Spark and the daemon"
+        f"e2e bench: JSON messages of ~{len(message(0))} B from {PRODUCERS} producer processes, "
+        f"{PARTITIONS} partitions, one daemon leading 2 shards, {os.cpu_count()} cores shared "
+        "by broker, ClickHouse, Spark, the daemon and the producers"
     )
     if not rows:
         return
