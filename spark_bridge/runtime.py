@@ -103,6 +103,10 @@ class SparkSettings:
             # Heavy JVM-side transforms may want C2 back: `[spark.conf]` overrides these.
             conf["spark.driver.extraJavaOptions"] = JIT_C1_ONLY
             conf["spark.executor.extraJavaOptions"] = JIT_C1_ONLY
+            # The Python workers account no memory, so their Arrow pool is mimalloc, which
+            # keeps freed pages for the next flush; jemalloc (the daemon's pool, for its RSS
+            # accounting) handed them back to be faulted in again: twice their CPU per MiB.
+            conf["spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"] = "mimalloc"
             conf["spark.driver.memory"] = self.driver_memory
             # Executors' Python must be the driver's (same packages, editable installs).
             conf["spark.pyspark.python"] = sys.executable
