@@ -110,6 +110,8 @@ INGEST_BUFFER: dict[str, int | float] = {
     "max_age": 1,
     "limit_bytes": 1 << 30,
 }
+# A sustained load wants throughput, not a short tail: blocks of 200k rows or 5 s.
+SUSTAIN_BUFFER: dict[str, int | float] = {**INGEST_BUFFER, "min_age": 1, "max_age": 5}
 LATENCY_BUFFER: dict[str, int | float] = {
     "min_rows": 1,
     "max_rows": 100_000,
@@ -173,6 +175,18 @@ def wait(check: Callable[[], bool], timeout: float, what: str, interval: float =
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def settle(read: Callable[[], int], target: int, timeout: float, quiet: float) -> int:
+    """`read()` once it reaches `target`, or once it has not changed for `quiet` seconds,
+    or after `timeout` seconds: a shortfall is reported, not waited out."""
+    deadline = time.monotonic() + timeout
+    value, changed = read(), time.monotonic()
+    while value < target and time.monotonic() < min(deadline, changed + quiet):
+        time.sleep(0.5)
+        if (now := read()) != value:
+            value, changed = now, time.monotonic()
+    return value
 
 
 @dataclass(frozen=True)
@@ -767,7 +781,7 @@ def sustained(bench: Bench, run: Run) -> list[Row]:
     samples: list[Sample] = []
     meter: CpuMeter | None = None
     cpu: CpuUse | None = None  # over the samples from `start` to `seconds`
-    with running(bench, Step("sustained", spark_on_followers=True)) as step:
+    with running(bench, Step("sustained", SUSTAIN_BUFFER, spark_on_followers=True)) as step:
         step.warm_up(Producer({"bootstrap.servers": bench.stack.kafka}))
         warm = step.clickhouse_rows()  # the warm-up record
         load = Load(bench.stack.kafka, step.topic, rate=target, seconds=seconds)
@@ -791,12 +805,7 @@ def sustained(bench: Bench, run: Run) -> list[Row]:
                 time.sleep(SAMPLE_EVERY)
             total = producers.join().rows
         drain_began = time.monotonic()
-        wait(
-            lambda: step.clickhouse_rows() - warm >= total,
-            300,
-            "the sustained rows in ClickHouse",
-            0.5,
-        )
+        landed = settle(lambda: step.clickhouse_rows() - warm, total, 300, 30)
         drained = time.monotonic() - drain_began
     window = [s for s in samples if start <= s.at <= seconds]
     if len(window) < 2 or cpu is None:
@@ -839,7 +848,12 @@ def sustained(bench: Bench, run: Run) -> list[Row]:
             f"{flushes} blocks of {block:,} rows: "
             + ("does not grow" if last.lag <= first.lag + block else "GROWS (> one block)"),
         ),
-        ("  drain after the producers ended", f"{drained:.1f} s", "", ""),
+        (
+            "  drain after the producers ended",
+            f"{drained:.1f} s",
+            f"{landed:,} of {total:,} produced rows in ClickHouse",
+            "every row" if landed == total else f"{total - landed:+,} MISSING",
+        ),
         (f"  CPU from {first.at:.0f} s to {last.at:.0f} s:", "", "", ""),
         *cpu_rows(cpu),
     ]
