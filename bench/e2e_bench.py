@@ -177,13 +177,15 @@ def wait(check: Callable[[], bool], timeout: float, what: str, interval: float =
         time.sleep(interval)
 
 
-def settle(read: Callable[[], int], target: int, timeout: float, quiet: float) -> int:
-    """`read()` once it reaches `target`, or once it has not changed for `quiet` seconds,
-    or after `timeout` seconds: a shortfall is reported, not waited out."""
+def settle(
+    read: Callable[[], int], target: int, timeout: float, quiet: float, interval: float = 0.5
+) -> int:
+    """`read()` (every `interval` s) once it reaches `target`, or once it has not changed for
+    `quiet` seconds, or after `timeout` seconds: a shortfall is reported, not waited out."""
     deadline = time.monotonic() + timeout
     value, changed = read(), time.monotonic()
     while value < target and time.monotonic() < min(deadline, changed + quiet):
-        time.sleep(0.5)
+        time.sleep(interval)
         if (now := read()) != value:
             value, changed = now, time.monotonic()
     return value
@@ -595,8 +597,11 @@ class StepCluster:
         return time.perf_counter() - began
 
     def until_in_clickhouse(self, count: int, began: float) -> float:
-        """Seconds from `began` (a perf_counter) until ClickHouse holds `count` rows."""
-        wait(lambda: self.clickhouse_rows() >= count, 900, "the backlog in ClickHouse", 0.25)
+        """Seconds from `began` (a perf_counter) until ClickHouse holds `count` rows; exits
+        naming the shortfall when the count stops short for 30 s."""
+        landed = settle(self.clickhouse_rows, count, 900, 30, 0.25)
+        if landed < count:
+            raise SystemExit(f"{count - landed:,} of {count:,} rows never reached ClickHouse")
         return time.perf_counter() - began
 
     def fill(self, count: int, timeout: float, what: str) -> Fill:
