@@ -12,6 +12,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,10 @@ from spark_bridge import (
     ensure_table,
     flush_block,
 )
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+    from pyspark.sql import SparkSession
 
 COLUMNS = (
     ("id", "Int64"),
@@ -70,6 +75,45 @@ def best(samples: list[float]) -> float:
     return min(samples)
 
 
+def direct_insert(client: Client, name: str, table: pa.Table, run: int) -> float:
+    """Seconds of one direct `insert_arrow` of `table` into bench.`name`, its own token."""
+    started = time.perf_counter()
+    client.insert_arrow(
+        name, table, database="bench", settings={"insert_deduplication_token": f"direct:{run}"}
+    )
+    return time.perf_counter() - started
+
+
+def spark_flush(
+    spark: SparkSession, replica: Replica, name: str, table: pa.Table, run: int
+) -> float:
+    """Seconds of one `flush_block` of `table` into bench.`name`. Tokens derive from the
+    pipeline and the block's offsets: a pipeline per run and table, or ClickHouse would
+    rightly drop the repeats as duplicates."""
+    target = FlushTarget("bench", name, (replica,), f"{name}-{run}")
+    started = time.perf_counter()
+    result = flush_block(spark, Block(f"{name}-{run}", table), target)
+    took = time.perf_counter() - started
+    assert result.rows == table.num_rows, (name, result.rows)
+    return took
+
+
+def tiny_flushes(
+    spark: SparkSession,
+    client: Client,
+    replica: Replica,
+    name: str,
+    count: int,
+    *,
+    warm_up: int = 0,
+) -> list[float]:
+    """Seconds of `count` flushes of a 1-row block into bench.`name`, after `warm_up` more."""
+    ensure_table(client, TableSpec("bench", name, COLUMNS))
+    tiny = make_table(1)
+    times = [spark_flush(spark, replica, name, tiny, run) for run in range(warm_up + count)]
+    return times[warm_up:]
+
+
 def main() -> None:
     configure_logs("console", "warning")  # the table only, not every flush.written
     root = Path(tempfile.mkdtemp(prefix="flush-bench-"))
@@ -90,21 +134,8 @@ def main() -> None:
                 ensure_table(client, TableSpec("bench", f"{name}_{rows}", COLUMNS))
             direct, spark_times = [], []
             for i in range(REPEATS):
-                started = time.perf_counter()
-                client.insert_arrow(
-                    f"direct_{rows}",
-                    table,
-                    database="bench",
-                    settings={"insert_deduplication_token": f"direct:{rows}:{i}"},
-                )
-                direct.append(time.perf_counter() - started)
-                # Tokens derive from the pipeline and the block's offsets: a pipeline per
-                # repeat, or ClickHouse would rightly drop the repeats as duplicates.
-                target = FlushTarget("bench", f"spark_{rows}", (replica,), f"bench-{i}")
-                started = time.perf_counter()
-                result = flush_block(spark, Block(f"{rows}-{i}", table), target)
-                spark_times.append(time.perf_counter() - started)
-                assert result.rows == rows
+                direct.append(direct_insert(client, f"direct_{rows}", table, i))
+                spark_times.append(spark_flush(spark, replica, f"spark_{rows}", table, i))
             count = client.query(f"SELECT count() FROM bench.spark_{rows}").result_rows[0][0]
             assert count == rows * REPEATS, count
             d, s = best(direct), best(spark_times)
@@ -112,19 +143,9 @@ def main() -> None:
             print(
                 f"{rows:>9} {'spark':<8} {s:>8.3f} {rows / s:>12,.0f} {mib / s:>8.1f} {d / s:>6.2f}"
             )
-        ensure_table(client, TableSpec("bench", "tiny", COLUMNS))
-        tiny = make_table(1)
-        overhead = []
         # The first few warm up the JVM's compiled scheduling path; a daemon runs warm.
-        for i in range(TINY_WARM_UP + TINY_REPEATS):
-            target = FlushTarget("bench", "tiny", (replica,), f"bench-{i}")
-            started = time.perf_counter()
-            flush_block(spark, Block(f"tiny-{i}", tiny), target)
-            if i >= TINY_WARM_UP:
-                overhead.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        client.insert_arrow("tiny", tiny, database="bench")
-        floor = time.perf_counter() - started
+        overhead = tiny_flushes(spark, client, replica, "tiny", TINY_REPEATS, warm_up=TINY_WARM_UP)
+        floor = direct_insert(client, "tiny", make_table(1), 0)
         print(
             f"fixed overhead per flush (1-row block, after {TINY_WARM_UP} to warm up): median of"
             f" {TINY_REPEATS} {statistics.median(overhead) * 1000:.0f} ms, min"

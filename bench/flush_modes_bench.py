@@ -20,19 +20,24 @@ import time
 from pathlib import Path
 
 import clickhouse_connect
-from flush_bench import COLUMNS, REPEATS, Block, make_table
+from flush_bench import (
+    COLUMNS,
+    REPEATS,
+    direct_insert,
+    make_table,
+    spark_flush,
+    tiny_flushes,
+)
 
 from devstack.clickhouse import ClickHouseService
 from devstack.spark_cluster import SparkConnectServer, SparkStandalone
 from hakafka.logs import configure as configure_logs
 from spark_bridge import (
-    FlushTarget,
     Replica,
     SparkRuntime,
     SparkSettings,
     TableSpec,
     ensure_table,
-    flush_block,
 )
 
 SIZES = (100_000, 1_000_000)
@@ -65,24 +70,11 @@ def run_mode(mode: str, url: str, ch_port: int, direct: dict[int, float]) -> Non
         for rows in SIZES:
             table, name = make_table(rows), f"{mode}_{rows}"
             ensure_table(client, TableSpec("bench", name, COLUMNS))
-            samples = []
-            for i in range(REPEATS):
-                # Its own tokens per run: the same ones would be deduplicated.
-                target = FlushTarget("bench", name, (replica,), f"bench{i}")
-                started = time.perf_counter()
-                result = flush_block(spark, Block(f"{rows}-{i}", table), target)
-                samples.append(time.perf_counter() - started)
-                assert result.rows == rows
+            samples = [spark_flush(spark, replica, name, table, i) for i in range(REPEATS)]
             count = client.query(f"SELECT count() FROM bench.{name}").result_rows[0][0]
             assert count == rows * REPEATS, (name, count)
             print(row(rows, mode, min(samples), table.nbytes / 2**20, direct[rows]))
-        ensure_table(client, TableSpec("bench", f"tiny_{mode}", COLUMNS))
-        flushes = []
-        for i in range(5):
-            target = FlushTarget("bench", f"tiny_{mode}", (replica,), f"tiny{i}")
-            started = time.perf_counter()
-            flush_block(spark, Block(f"tiny-{i}", make_table(1)), target)
-            flushes.append(time.perf_counter() - started)
+        flushes = tiny_flushes(spark, client, replica, f"tiny_{mode}", 5)
         print(
             f"  {mode:<11} {statistics.median(flushes) * 1000:>6.0f} ms per flush,"
             f" session start {session_s:.1f} s",
@@ -113,17 +105,9 @@ def main() -> None:
         for rows in SIZES:
             table = make_table(rows)
             ensure_table(client, TableSpec("bench", f"direct_{rows}", COLUMNS))
-            samples = []
-            for i in range(REPEATS):
-                started = time.perf_counter()
-                client.insert_arrow(
-                    f"direct_{rows}",
-                    table,
-                    database="bench",
-                    settings={"insert_deduplication_token": f"direct:{rows}:{i}"},
-                )
-                samples.append(time.perf_counter() - started)
-            direct[rows] = min(samples)
+            direct[rows] = min(
+                direct_insert(client, f"direct_{rows}", table, i) for i in range(REPEATS)
+            )
             print(row(rows, "direct", direct[rows], table.nbytes / 2**20, direct[rows]), flush=True)
         costs = []
         for mode, url in (("local", ""), ("standalone", standalone.url), ("connect", connect.url)):
