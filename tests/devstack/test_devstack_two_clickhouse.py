@@ -4,35 +4,16 @@ own, started, reported and stopped by PID with the rest."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devstack.clickhouse import ClickHouseService
-from devstack.process import pid_alive, processes_under, stop_pid
+from devstack.process import pid_alive
+from tests.devstack.test_devstack_cli import devstack_cli, reap
 
 pytestmark = pytest.mark.integration
-
-
-def devstack_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "devstack", *args],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-
-
-@pytest.fixture
-def reap(tmp_path: Path) -> Iterator[None]:
-    """Stop, by PID, whatever a failing test left running under its tmp_path."""
-    yield
-    for pid in processes_under(tmp_path):
-        stop_pid(pid, marker=str(tmp_path))
+__all__ = ["reap"]  # the fixture, used by name
 
 
 def test_up_with_two_clickhouse_servers_runs_two_independent_ones(
