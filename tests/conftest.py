@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,35 @@ if TYPE_CHECKING:
     from devstack.clickhouse import ClickHouseService
     from devstack.kafka import KafkaBroker
     from devstack.zookeeper import ZooKeeperEnsemble
+
+
+_CLUSTERS = pytest.StashKey[list[LocalCluster]]()
+_LOG_LINES = 40
+
+
+def _worth_reading(line: str) -> bool:
+    """A log line that may say why a test failed: not a routine info/debug event."""
+    return '"level": "info"' not in line and '"level": "debug"' not in line
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that ran a cluster shows each node's last warnings and errors (and the
+    JVM's lines) in its report: in CI that output is all there is to read afterwards."""
+    report = yield
+    if report.failed:
+        for cluster in item.stash.get(_CLUSTERS, []):
+            for name, node in cluster.nodes.items():
+                try:
+                    logged = node.log_path.read_text(errors="replace").splitlines()
+                except FileNotFoundError:
+                    logged = []
+                lines = [ln for ln in logged if _worth_reading(ln)]
+                text = "\n".join(lines[-_LOG_LINES:]) or "(no warnings or errors)"
+                report.sections.append((f"node {name}: last warnings and errors", text))
+    return report
 
 
 def _slug(request: pytest.FixtureRequest) -> str:
@@ -162,10 +191,18 @@ def stack(
 
 @pytest.fixture
 def make_cluster(
-    tmp_path: Path, stack: StackEndpoints, zk_root: str, ch_database: str, topic_prefix: str
+    request: pytest.FixtureRequest,
+    *,
+    tmp_path: Path,
+    stack: StackEndpoints,
+    zk_root: str,
+    ch_database: str,
+    topic_prefix: str,
 ) -> Iterator[Callable[..., LocalCluster]]:
-    """Build a cluster for this test (topic `<prefix>_events`, table `events`); stopped after."""
+    """Build a cluster for this test (topic `<prefix>_events`, table `events`); stopped after.
+    If the test fails, its report shows each node's last warnings and errors."""
     made: list[LocalCluster] = []
+    request.node.stash[_CLUSTERS] = made
 
     def make(
         nodes: dict[str, list[int]],
