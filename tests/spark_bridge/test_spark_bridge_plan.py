@@ -93,3 +93,40 @@ def test_dictionary_columns_are_decoded_and_the_rows_sorted() -> None:
 
     assert rows.schema.field("kind").type == pa.string()
     assert rows.to_pydict() == {"kind": ["a", "b"], "_partition": [0, 1], "_offset": [3, 7]}
+
+
+def test_runs_of_consumed_batches_are_reordered_without_copying_a_row() -> None:
+    # Two consumed batches, each with a run of partition 1 then one of partition 0.
+    run = 1000
+    pairs = [
+        *((1, o) for o in range(run)),
+        *((0, o) for o in range(run)),
+        *((1, o) for o in range(run, 2 * run)),
+        *((0, o) for o in range(run, 2 * run)),
+    ]
+    table = rows(pairs)
+    table = table.append_column("value", pa.array([f"v{p}-{o}" for p, o in pairs]))
+
+    out = sorted_rows(table, "block 1")
+
+    assert (
+        out.to_pydict()
+        == table.sort_by([("_partition", "ascending"), ("_offset", "ascending")]).to_pydict()
+    )
+    # Each run is a slice of the original column: its data buffer is the original's.
+    original = table.column("value").chunk(0).buffers()[2].address
+    assert {chunk.buffers()[2].address for chunk in out.column("value").chunks} == {original}
+
+
+def test_overlapping_or_short_runs_are_sorted_row_by_row() -> None:
+    # Partition 0: a run 1..1000 then a run 500..1499 (a re-delivered stretch): overlapping.
+    overlapping = rows([(0, o) for o in range(1, 1001)] + [(0, o) for o in range(500, 1500)])
+    out = sorted_rows(overlapping, "block 1")
+    offsets = out.column("_offset").to_pylist()
+    assert offsets == sorted(offsets) and len(offsets) == 2000
+    # One row per partition in turn: runs of one row.
+    short = rows([(o % 3, o // 3) for o in range(30)])
+    assert (
+        sorted_rows(short, "block 2").to_pydict()
+        == rows(sorted((o % 3, o // 3) for o in range(30))).to_pydict()
+    )
