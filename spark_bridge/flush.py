@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +116,26 @@ def _freeze_worker_heap() -> None:
     up to 50 ms under load, whatever the task's size."""
     gc.collect()
     gc.freeze()
+
+
+def _warm_worker(task_ids: Iterable[int]) -> Iterator[int]:
+    """Executor side: what a Python worker's first flush task would pay before its work (this
+    module's imports, clickhouse-connect's, the heap freeze), paid now."""
+    importlib.import_module("clickhouse_connect.driver.httpclient")
+    _freeze_worker_heap()
+    yield from task_ids
+
+
+def warm_workers(spark: SparkSession) -> None:
+    """Start the Python workers a flush will run on: one task per core of a classic session,
+    so a leader's first flush does not wait for each worker's start and imports (0.5 s of CPU
+    each). A Spark Connect server starts its workers when its first flush comes."""
+    if _is_connect(spark):
+        return
+    slots = spark.sparkContext.defaultParallelism
+    started = time.monotonic()
+    spark.sparkContext.parallelize(range(slots), slots).mapPartitions(_warm_worker).collect()
+    log.info("spark.workers_warm", workers=slots, seconds=round(time.monotonic() - started, 3))
 
 
 def _fetch_and_insert(

@@ -59,6 +59,7 @@ from hakafka.settings import (
     zk_config,
 )
 from spark_bridge import SparkRuntime
+from spark_bridge.flush import warm_workers
 
 log = structlog.get_logger("hakafka.daemon")
 
@@ -128,6 +129,8 @@ class Daemon:
         self.catalog = Catalog()
         self.engine = SqlEngine(self.catalog, query_limits(config))
         self.spark = SparkRuntime(spark_settings(config))
+        self._spark_warm = False  # its Python workers started (`_warm_spark`)
+        self._spark_warming = threading.Lock()
         self.notifier = Notifier.from_environment()
         self.crash = CrashPlan.from_environment()
         self.started_at = time.time()
@@ -197,12 +200,29 @@ class Daemon:
                 metrics=self.metrics,
                 flush_grace_s=FLUSH_GRACE_S,
                 stuck_after_s=config.server.stuck_after,
-                warm_up=self.spark.start,
+                warm_up=self._warm_spark,
             )
             for shard in config.shards
         ]
         self.guard = SettingsGuard(self.coordinator, config, self.runners)
         self.reshard = ReshardFollower(self.coordinator, self.guard, self.runners)
+
+    def _warm_spark(self) -> None:
+        """Start Spark, then once its Python workers (`warm_workers`), so that a new leader's
+        first flush pays neither. A failed warm-up is logged, and the next election tries
+        again: the flush starts the workers it needs anyway."""
+        with self._spark_warming:
+            session = self.spark.start()
+            if self._spark_warm:
+                return
+            try:
+                warm_workers(session)
+            except Exception as exc:
+                if not self._stop.is_set():  # else Spark stopped under it: nothing to report
+                    first = next(iter(str(exc).strip().splitlines()), "")  # not the JVM's trace
+                    log.warning("spark.warm_failed", error=f"{type(exc).__name__}: {first}")
+                return
+            self._spark_warm = True
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -222,6 +242,7 @@ class Daemon:
         self.coordinator.register()
         if self.config.spark.on_followers:
             self.spark.start()
+            threading.Thread(target=self._warm_spark, name="spark-warm-up", daemon=True).start()
         for runner in self.runners:
             runner.start()
         # A term that begins during a reshard must begin drained: its state first.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -31,6 +34,9 @@ from spark_bridge import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+WARM_PROBE = Path(__file__).with_name("spark_warm_probe.py")
+ROOT = Path(__file__).resolve().parents[2]
 
 COLUMNS = (("v", "Int64"), ("name", "String"), ("_partition", "Int32"), ("_offset", "Int64"))
 
@@ -331,3 +337,25 @@ def test_schema_mismatch_names_the_columns(ch_database: str, ch_client: Any) -> 
     assert "missing columns ['extra']" in message
     assert "unexpected columns ['_offset']" in message
     assert "v: table has Int64, spec wants Int32" in message
+
+
+@pytest.mark.parametrize("mode", ["warm", "cold"])
+def test_warm_workers_leave_every_core_a_worker_ready_for_a_flush(mode: str) -> None:
+    # A fresh Spark (a process of its own): after `warm_workers`, a task on any core finds a
+    # Python worker that has the flush's modules and a frozen heap; without it, none has.
+    done = subprocess.run(
+        [sys.executable, str(WARM_PROBE), mode],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(report["tasks"]) == report["cores"] >= 1
+    ready = [
+        t["flush_imported"] and t["clickhouse_imported"] and t["frozen"] for t in report["tasks"]
+    ]
+    assert ready == [mode == "warm"] * report["cores"], report
