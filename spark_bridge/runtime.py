@@ -95,6 +95,8 @@ class SparkSettings:
             conf["spark.ui.enabled"] = str(self.ui_enabled).lower()
             conf["spark.ui.showConsoleProgress"] = "false"
             conf["spark.python.worker.reuse"] = "true"
+            # Workers forked with the flush's modules loaded (see `worker_daemon`).
+            conf["spark.python.daemon.module"] = "spark_bridge.worker_daemon"
             # JVM <-> Python worker over a Unix socket: over TCP every task waited out a
             # delayed ACK (40 of the 80 ms of a one-task job here).
             conf["spark.python.unix.domain.socket.enabled"] = "true"

@@ -1,6 +1,6 @@
 """Helper process for the worker warm-up test: a fresh SparkRuntime (no Python worker has run
 yet), `warm_workers` unless told `cold`, then one task per core that reports what its Python
-worker already holds. Prints one JSON line: {"cores": N, "tasks": [{"pid", "flush_imported",
+worker held before the task. Prints one JSON line: {"cores": N, "tasks": [{"pid", "flush_imported",
 "clickhouse_imported", "frozen"}, ...]}.
 
 Usage: python spark_warm_probe.py warm|cold
