@@ -18,7 +18,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
@@ -75,7 +75,8 @@ class DecodedBatch:
     `_partition` and `_offset`, which go to ClickHouse too). `dead_letters` has
     `dead_letter_arrow_schema()` and is None unless `on_error="dead_letter"` found bad
     messages. `ranges` holds the first and last offset per (topic, partition) of ALL input
-    messages, good and bad, so a checkpoint moves past bad messages as well.
+    messages, good and bad, so a checkpoint moves past bad messages as well; `counts` how many
+    messages each holds (fewer than its offsets: the broker passed some over).
     """
 
     rows: pa.RecordBatch
@@ -83,6 +84,7 @@ class DecodedBatch:
     ranges: dict[tuple[str, int], tuple[int, int]]
     good: int
     bad: int
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class Decoder(Protocol):
@@ -346,6 +348,7 @@ class _ArrowDecoder(ABC):
             rows=rows,
             dead_letters=dead,
             ranges=columns.ranges(),
+            counts=columns.counts(),
             good=rows.num_rows,
             bad=len(bad),
         )

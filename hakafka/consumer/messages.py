@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -102,6 +103,14 @@ class MessageColumns:
             (topic, int(p)): (int(offsets[f]), int(offsets[la]))
             for p, f, la in zip(uniq, first, last, strict=True)
         }
+
+    def counts(self) -> dict[tuple[str, int], int]:
+        """Messages per (topic, partition)."""
+        topic = self.single_topic
+        if topic is None:
+            return dict(Counter(zip(self.topics, self.partitions, strict=True)))
+        uniq, counts = np.unique(self.partition_array.to_numpy(), return_counts=True)
+        return {(topic, int(p)): int(n) for p, n in zip(uniq, counts, strict=True)}
 
 
 def int_array(values: list[int], dtype: type[np.signedinteger]) -> pa.Array:

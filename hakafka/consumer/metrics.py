@@ -16,11 +16,12 @@ from hakafka.consumer.partition_consumer import OffsetReset
 
 @dataclass(frozen=True)
 class ConsumerMetrics:
-    """`offset_resets`/`skipped_offsets` by pipeline, shard and partition; `bad_messages` by
-    pipeline, shard and action (dead_letter, skip)."""
+    """`offset_resets`/`skipped_offsets`/`offset_gaps` by pipeline, shard and partition;
+    `bad_messages` by pipeline, shard and action (dead_letter, skip)."""
 
     offset_resets: Counter
     skipped_offsets: Counter
+    offset_gaps: Counter
     bad_messages: Counter
 
     @classmethod
@@ -35,6 +36,13 @@ class ConsumerMetrics:
             skipped_offsets=Counter(
                 "hakafka_consumer_skipped_offsets",
                 "Offsets never read because retention removed them before consumption",
+                ["pipeline", "shard", "partition"],
+                registry=registry,
+            ),
+            offset_gaps=Counter(
+                "hakafka_consumer_offset_gaps",
+                "Offsets the broker passed over without a message (transaction markers and "
+                "aborted transactions, compaction)",
                 ["pipeline", "shard", "partition"],
                 registry=registry,
             ),

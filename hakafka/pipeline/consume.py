@@ -124,10 +124,23 @@ class ConsumeLane:
             got = decoded.ranges.get((topic, partition))
             if got is not None:
                 first, end = min(first, got[0]), max(end, got[1] + 1)
+                count = decoded.counts.get((topic, partition))
+                if count is not None and got[1] + 1 - first > count:
+                    self._gap(partition, first, got[1] + 1, got[1] + 1 - first - count)
             if end > first:
                 ranges[(topic, partition)] = OffsetRange(first, end - 1)
                 self._recorded[partition] = end
         return ranges
+
+    def _gap(self, partition: int, first: int, end: int, offsets: int) -> None:
+        """`offsets` offsets of `partition` between `first` and `end` came without a message:
+        Kafka allows it (transaction markers, aborted transactions, compaction), so they only
+        count and, past one, are logged. A broker that lost records shows here first."""
+        self.lane.meters.offset_gap(partition, offsets)
+        if offsets > 1:
+            self.lane.log.info(
+                "consumer.offset_gap", partition=partition, first=first, end=end, offsets=offsets
+            )
 
     def run(self, wal: Wal) -> None:
         """Consume until the pipeline stops."""

@@ -38,6 +38,11 @@ class PipelineMeters:
             if decoded.dead_letters is not None:
                 m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
 
+    def offset_gap(self, partition: int, offsets: int) -> None:
+        """`offsets` offsets of `partition` came without a message."""
+        labels = {**self._labels, "partition": str(partition)}
+        self._m.consumer.offset_gaps.labels(**labels).inc(offsets)
+
     def buffer(self, buffer: PipelineBuffer | None) -> None:
         """Publish what `buffer` holds; None: the buffer was released (0)."""
         rows = 0 if buffer is None else buffer.rows.row_count

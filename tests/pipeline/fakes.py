@@ -382,6 +382,8 @@ class Harness:
     refetch: Refetches | None = None
     wal_dir_name: str = "wal"
     shard: int = 0
+    registries: list[Any] = field(default_factory=list)
+    """The metrics registry of each leader built, in order."""
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -394,6 +396,10 @@ class Harness:
         consumer = FakeConsumer(self.topic)
         self.consumers.append(consumer)
         return consumer
+
+    def _registry(self) -> Any:
+        self.registries.append(_registry())
+        return self.registries[-1]
 
     def leader(self, *, drain: bool = False) -> PipelineLeader:
         assert self.refetch is not None
@@ -416,7 +422,7 @@ class Harness:
             assignment=shard_assignment(self.config, self.pipeline, self.shard),
             rows_per_task=self.config.spark.rows_per_task,
             catalog=self.catalog,
-            metrics=Metrics.create(registry=_registry()),
+            metrics=Metrics.create(registry=self._registry()),
             crash=self.crash,
             drain=drain,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from buffer import OffsetRange
 from hakafka.pipeline import PipelineLeader, PipelineState
@@ -149,3 +150,29 @@ def test_a_consumer_reset_below_the_checkpoint_stops_before_anything_is_written(
     )
     assert not leader.status.restartable
     assert h.fenced.pending is None and h.sink.attempts == 0, "nothing written"
+
+
+def test_offsets_passed_over_between_messages_are_counted_and_logged(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # Partition 0: 50 messages, 5 offsets without one (compaction, an aborted transaction, or
+    # a broker that lost a batch), 50 more: one poll of 100 messages spans 105 offsets.
+    topic = Topic(partitions=1)
+    topic.produce(0, 50)
+    topic.gap(0, 5)
+    topic.produce(0, 50)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    with structlog.testing.capture_logs() as logs:
+        leader = start(h, leaders)
+        wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 105}, "the checkpoint past it")
+    gaps = h.registries[-1].get_sample_value(
+        "hakafka_consumer_offset_gaps_total", {"pipeline": "events", "shard": "0", "partition": "0"}
+    )
+    assert gaps == 5
+    assert [
+        {k: e[k] for k in ("partition", "first", "end", "offsets")}
+        for e in logs
+        if e["event"] == "consumer.offset_gap"
+    ] == [{"partition": 0, "first": 0, "end": 105, "offsets": 5}]
+    assert h.sink.offsets() == every_message(topic)
+    leader.stop(0.0)
