@@ -362,6 +362,24 @@ def produce_backlog(bootstrap: str, topic: str, count: int) -> Produced:
     return produced
 
 
+def served_from(bootstrap: str, topic: str, partition: int, offset: int) -> str:
+    """The offset of the first message the broker hands out for `offset` of `partition`, as
+    text ("nothing" if none comes in 10 s)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "bench-check", "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for message in consumer.consume(1, 0.5):
+                if message.error() is None:
+                    return f"{message.offset():,}"
+        return "nothing"
+    finally:
+        consumer.close()
+
+
 def raw_consume(bootstrap: str, topic: str, count: int) -> float:
     """Seconds for librdkafka to hand over `count` messages (no per-message work), read as the
     daemon reads them: one consumer per shard, in threads, each with its shard's partitions."""
@@ -601,8 +619,29 @@ class StepCluster:
         naming the shortfall when the count stops short for 30 s."""
         landed = settle(self.clickhouse_rows, count, 900, 30, 0.25)
         if landed < count:
-            raise SystemExit(f"{count - landed:,} of {count:,} rows never reached ClickHouse")
+            raise SystemExit(
+                f"{count - landed:,} of {count:,} rows never reached ClickHouse: {self.missing()}"
+            )
         return time.perf_counter() - began
+
+    def missing(self, limit: int = 3) -> str:
+        """The first `limit` stretches of offsets missing from ClickHouse below each
+        partition's last, and the offset the broker hands out when asked for each one's
+        first: the same offset if it still serves them (the daemon lost them), a later one
+        if it does not."""
+        stretches = self.client.query(
+            "SELECT _partition, prev + 1, _offset - 1 FROM (SELECT _partition, _offset, "
+            "lagInFrame(_offset, 1, -1) OVER (PARTITION BY _partition ORDER BY _offset "
+            "ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS prev FROM events) "
+            f"WHERE _offset - prev > 1 ORDER BY _partition, _offset LIMIT {limit}"
+        ).result_rows
+        if not stretches:
+            return "no stretch below a partition's last offset (missing at the ends)"
+        return "; ".join(
+            f"p{p} {first:,}-{last:,} (the broker serves "
+            f"{served_from(self.bench.stack.kafka, self.topic, p, first)})"
+            for p, first, last in stretches
+        )
 
     def fill(self, count: int, timeout: float, what: str) -> Fill:
         """The node consuming the first `count` messages of the backlog, with where the CPU
@@ -812,6 +851,7 @@ def sustained(bench: Bench, run: Run) -> list[Row]:
         drain_began = time.monotonic()
         landed = settle(lambda: step.clickhouse_rows() - warm, total, 300, 30)
         drained = time.monotonic() - drain_began
+        missing = step.missing() if landed < total else ""
     window = [s for s in samples if start <= s.at <= seconds]
     if len(window) < 2 or cpu is None:
         raise SystemExit(f"sustained: {len(window)} samples in the window, run longer")
@@ -857,7 +897,7 @@ def sustained(bench: Bench, run: Run) -> list[Row]:
             "  drain after the producers ended",
             f"{drained:.1f} s",
             f"{landed:,} of {total:,} produced rows in ClickHouse",
-            "every row" if landed == total else f"{total - landed:+,} MISSING",
+            "every row" if landed == total else f"{total - landed:+,} MISSING: {missing}",
         ),
         (f"  CPU from {first.at:.0f} s to {last.at:.0f} s:", "", "", ""),
         *cpu_rows(cpu),
