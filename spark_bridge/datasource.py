@@ -280,11 +280,12 @@ def insert_task(
         return TaskInserted(task, 0, options.token(task))
     data = pa.Table.from_batches(batch_list).combine_chunks()
     token = options.token(task)
-    table = f"{quote_identifier(options.database)}.{quote_identifier(options.table)}"
     with (pool or worker_pool()).client(options.connection, options.hosts, options.database) as c:
         settings = insert_settings(c.server_settings, token)
         body = arrow_file(data, c.write_compression)
-        c.raw_insert(table, data.schema.names, body, settings=settings, fmt="Arrow")
+        c.raw_insert(
+            options.qualified_table, data.schema.names, body, settings=settings, fmt="Arrow"
+        )
     return TaskInserted(task, data.num_rows, token)
 
 

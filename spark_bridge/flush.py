@@ -118,10 +118,16 @@ def _freeze_worker_heap() -> None:
     gc.freeze()
 
 
+def import_task_modules() -> None:
+    """Import what a flush task loads beyond this module's own imports: clickhouse-connect's
+    HTTP client (`Connection.client` imports it on first use)."""
+    importlib.import_module("clickhouse_connect.driver.httpclient")
+
+
 def _warm_worker(task_ids: Iterable[int]) -> Iterator[int]:
     """Executor side: what a Python worker's first flush task would pay before its work (this
-    module's imports, clickhouse-connect's, the heap freeze), paid now."""
-    importlib.import_module("clickhouse_connect.driver.httpclient")
+    module's imports, `import_task_modules`, the heap freeze), paid now."""
+    import_task_modules()
     _freeze_worker_heap()
     yield from task_ids
 

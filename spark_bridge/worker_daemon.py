@@ -11,17 +11,16 @@ first, so that neither the workers' collections nor their copy-on-write touch th
 from __future__ import annotations
 
 import gc
-import importlib
 
 from pyspark import daemon
 
-PRELOADED = ("spark_bridge.flush", "clickhouse_connect.driver.httpclient")
+from spark_bridge.flush import import_task_modules
 
 
 def main() -> None:
-    """Import `PRELOADED`, freeze the heap, then serve as PySpark's daemon."""
-    for module in PRELOADED:
-        importlib.import_module(module)
+    """Load what a flush task needs (`spark_bridge.flush` and `import_task_modules`), freeze
+    the heap, then serve as PySpark's daemon."""
+    import_task_modules()
     gc.collect()
     gc.freeze()
     daemon.manager()
