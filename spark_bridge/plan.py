@@ -98,26 +98,27 @@ def sorted_rows(table: pa.Table, what: str) -> pa.Table:
             for col in table.columns
         ]
         table = pa.Table.from_arrays(decoded, names=table.column_names)
-    if _is_sorted(table):
+    keys = _keys(table)
+    if _is_sorted(*keys):
         return table
-    moved = _runs_in_order(table)
+    moved = _runs_in_order(table, *keys)
     if moved is not None:
         return moved
     # Short runs: a stable sort on the partition alone (a counting sort, 20x cheaper than the
     # two-key sort) is usually enough, as each partition's offsets still rise.
     table = table.take(pc.sort_indices(table[PARTITION_COLUMN]))
-    if _is_sorted(table):
+    if _is_sorted(*_keys(table)):
         return table
     return table.sort_by([(PARTITION_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")])
 
 
-def _runs_in_order(table: pa.Table) -> pa.Table | None:
-    """`table` sorted by moving its runs (stretches of one partition with rising offsets) as
-    zero-copy slices; None if the runs are short (under `_MIN_RUN` rows on average) or overlap.
+def _runs_in_order(table: pa.Table, partitions: np.ndarray, offsets: np.ndarray) -> pa.Table | None:
+    """`table` (whose `_keys` are `partitions` and `offsets`) sorted by moving its runs
+    (stretches of one partition with rising offsets) as zero-copy slices; None if the runs are
+    short (under `_MIN_RUN` rows on average) or overlap.
 
     A consumed batch holds each partition's messages in a run, so a block is a few runs per
     batch: reordering them copies no row, where a `take` copied the whole block."""
-    partitions, offsets = _keys(table)
     breaks = (partitions[1:] != partitions[:-1]) | (offsets[1:] <= offsets[:-1])
     starts = np.flatnonzero(np.r_[True, breaks])
     if len(starts) * _MIN_RUN > len(partitions):
@@ -137,9 +138,8 @@ def _keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return table[PARTITION_COLUMN].to_numpy(), table[OFFSET_COLUMN].to_numpy()
 
 
-def _is_sorted(table: pa.Table) -> bool:
+def _is_sorted(partitions: np.ndarray, offsets: np.ndarray) -> bool:
     """True if partitions never fall and offsets strictly rise within each partition."""
-    partitions, offsets = _keys(table)
     rising = partitions[1:] > partitions[:-1]
     same = partitions[1:] == partitions[:-1]
     return bool(np.all(rising | (same & (offsets[1:] > offsets[:-1]))))

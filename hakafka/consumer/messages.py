@@ -96,7 +96,7 @@ class MessageColumns:
             return out
         parts = self.partition_array.to_numpy()
         offsets = self.offset_array.to_numpy()
-        uniq, first = np.unique(parts, return_index=True)
+        uniq, first, _ = self._partitions
         _, last_rev = np.unique(parts[::-1], return_index=True)
         last = len(parts) - 1 - last_rev
         return {
@@ -109,8 +109,14 @@ class MessageColumns:
         topic = self.single_topic
         if topic is None:
             return dict(Counter(zip(self.topics, self.partitions, strict=True)))
-        uniq, counts = np.unique(self.partition_array.to_numpy(), return_counts=True)
+        uniq, _, counts = self._partitions
         return {(topic, int(p)): int(n) for p, n in zip(uniq, counts, strict=True)}
+
+    @cached_property
+    def _partitions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The partitions (sorted), the position of each one's first message, and how many
+        messages each has: one pass shared by `ranges` and `counts`."""
+        return np.unique(self.partition_array.to_numpy(), return_index=True, return_counts=True)
 
 
 def int_array(values: list[int], dtype: type[np.signedinteger]) -> pa.Array:
