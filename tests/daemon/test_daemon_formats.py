@@ -18,7 +18,7 @@ from devstack.cluster import StackEndpoints
 from devstack.records import create_topic
 from devstack.schema_registry import SchemaRegistryService
 from tests.commands import edit
-from tests.daemon.test_daemon_cluster import assert_exactly_once, count, wait_for
+from tests.daemon.test_daemon_cluster import assert_exactly_once, count, landed, wait_for
 from tests.formats import produce_values, registry, serializer_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
@@ -82,8 +82,8 @@ def test_format_exactly_once_through_a_schema_change_and_a_registry_outage(
     bad = bad_inputs(fmt, first[0])
     placed = produce_values(stack.kafka, topic, [*first, *bad], PARTITIONS)
     good, dead = set(placed[:PER_VERSION]), set(placed[PER_VERSION:])
-    wait_for(lambda: count(ch_client, "events") >= len(good), 180, "version 1 in ClickHouse")
-    wait_for(lambda: count(ch_client, "events_dead_letter") >= len(dead), 60, "dead letters")
+    wait_for(lambda: landed(ch_client, "events") >= len(good), 180, "version 1 in ClickHouse")
+    wait_for(lambda: landed(ch_client, "events_dead_letter") >= len(dead), 60, "dead letters")
     reasons = ch_client.query("SELECT _error FROM events_dead_letter").result_rows
     assert len(reasons) == len(bad)
     for expected in bad.values():
@@ -109,7 +109,7 @@ def test_format_exactly_once_through_a_schema_change_and_a_registry_outage(
     assert count(ch_client, "events_dead_letter") == len(dead)
     registry.start()
 
-    wait_for(lambda: count(ch_client, "events") >= len(good), 180, "version 2 in ClickHouse")
+    wait_for(lambda: landed(ch_client, "events") >= len(good), 180, "version 2 in ClickHouse")
     time.sleep(3)  # one more flush cycle: nothing may arrive twice afterwards
     assert_exactly_once(ch_client, "events", good)
     assert_exactly_once(ch_client, "events_dead_letter", dead)

@@ -20,7 +20,7 @@ from devstack.records import create_topic, event
 from hakafka.consumer import PartitionConsumer
 from tests.daemon.test_daemon_cluster import (
     assert_exactly_once,
-    count,
+    landed,
     log_events,
     metric,
     wait_for,
@@ -99,7 +99,7 @@ def test_replay_and_reflush_cross_transaction_markers_exactly_once(
     node.start()
     node.wait_up()
     cluster.wait_leaders(SHARDS)
-    wait_for(lambda: count(ch_client, "events") >= len(committed), 180, "every committed row")
+    wait_for(lambda: landed(ch_client, "events") >= len(committed), 180, "every committed row")
 
     def checkpoint() -> dict[int, int]:
         merged: dict[int, int] = {}

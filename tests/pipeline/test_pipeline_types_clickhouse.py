@@ -29,7 +29,7 @@ from spark_bridge import (
     read_table,
 )
 from tests.commands import edit, hakafka
-from tests.daemon.test_daemon_cluster import count, wait_for
+from tests.daemon.test_daemon_cluster import landed, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -289,10 +289,10 @@ def test_paths_from_table_and_bad_values_end_to_end(  # noqa: PLR0917 -- fixture
     node.start()
     node.wait_up()
     cluster.wait_leaders([0])
-    wait_for(lambda: count(ch_client, "paths") == 20, 180, "20 rows in paths")
-    wait_for(lambda: count(ch_client, "hand") == 10, 60, "10 rows in hand")
-    wait_for(lambda: count(ch_client, "paths_dead_letter") == 5, 60, "5 dead letters of paths")
-    wait_for(lambda: count(ch_client, "hand_dead_letter") == 2, 60, "2 dead letters of hand")
+    wait_for(lambda: landed(ch_client, "paths") == 20, 180, "20 rows in paths")
+    wait_for(lambda: landed(ch_client, "hand") == 10, 60, "10 rows in hand")
+    wait_for(lambda: landed(ch_client, "paths_dead_letter") == 5, 60, "5 dead letters of paths")
+    wait_for(lambda: landed(ch_client, "hand_dead_letter") == 2, 60, "2 dead letters of hand")
 
     for table, bad in (("paths_dead_letter", bad_paths), ("hand_dead_letter", bad_table)):
         reasons = dict(

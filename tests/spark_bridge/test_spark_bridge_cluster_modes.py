@@ -31,7 +31,7 @@ from spark_bridge.replicas import Replica
 from spark_bridge.runtime import CONNECT_MODE_ENV
 from tests.daemon.test_daemon_cluster import (
     assert_exactly_once,
-    count,
+    landed,
     log_events,
     produce,
     wait_for,
@@ -192,7 +192,7 @@ def test_leader_killed_during_a_flush_through_the_cluster_exactly_once(
     produced = produce(stack.kafka, topic, 120_000)
     # The first block is committed: Spark is up. Then kill n1 once a later block is in
     # flight: its intent is in ZooKeeper and the commit has not come.
-    wait_for(lambda: count(ch_client, "events") > 0, 240, "n1's first flush")
+    wait_for(lambda: landed(ch_client, "events") > 0, 240, "n1's first flush")
     wait_for(lambda: bool(_pending_blocks(n1)), 120, "a block in flight", interval=0.05)
     n1.kill(signal.SIGKILL)
     killed = _pending_blocks(n1)
@@ -203,7 +203,7 @@ def test_leader_killed_during_a_flush_through_the_cluster_exactly_once(
     n2.start()
     n2.wait_up()
     cluster.wait_leaders([0])
-    wait_for(lambda: count(ch_client, "events") >= len(produced.good), 300, "every row")
+    wait_for(lambda: landed(ch_client, "events") >= len(produced.good), 300, "every row")
     time.sleep(4)  # one more flush cycle: nothing may arrive twice afterwards
     assert_exactly_once(ch_client, "events", produced.good)
     reflushed = {e["block"] for e in log_events(n2.log_path) if e["event"] == "pending.reflush"}
