@@ -43,8 +43,13 @@ COLUMNS = (
     ("_timestamp", "Int64"),
 )
 REPEATS = 3
-TINY_REPEATS = 21  # 1-row flushes: a median over enough of them to hold on a noisy machine
-TINY_WARM_UP = 10
+# 1-row flushes in a row, as a daemon flushing once a second makes them in two minutes. The
+# JVM's scheduling path keeps getting faster over the first minute, so the figure is given for
+# a new leader (flushes 11-30) and for a running daemon (61-120): medians over enough flushes
+# to hold on a noisy machine.
+TINY_FLUSHES = 120
+TINY_NEW = slice(10, 30)
+TINY_RUNNING = slice(60, 120)
 
 
 @dataclass
@@ -99,19 +104,21 @@ def spark_flush(
 
 
 def tiny_flushes(
-    spark: SparkSession,
-    client: Client,
-    replica: Replica,
-    name: str,
-    count: int,
-    *,
-    warm_up: int = 0,
+    spark: SparkSession, client: Client, replica: Replica, name: str, count: int
 ) -> list[float]:
-    """Seconds of `count` flushes of a 1-row block into bench.`name`, after `warm_up` more."""
+    """Seconds of each of `count` flushes of a 1-row block into bench.`name`, in order."""
     ensure_table(client, TableSpec("bench", name, COLUMNS))
     tiny = make_table(1)
-    times = [spark_flush(spark, replica, name, tiny, run) for run in range(warm_up + count)]
-    return times[warm_up:]
+    return [spark_flush(spark, replica, name, tiny, run) for run in range(count)]
+
+
+def tiny_row(what: str, window: slice, times: list[float]) -> str:
+    """The median, min and max of the flushes of `window` (0-based) of `times`."""
+    picked = [t * 1000 for t in times[window]]
+    return (
+        f"1-row flush, {what} (flushes {window.start + 1}-{window.stop}): median"
+        f" {statistics.median(picked):.0f} ms, min {min(picked):.0f} ms, max {max(picked):.0f} ms"
+    )
 
 
 def main() -> None:
@@ -143,15 +150,11 @@ def main() -> None:
             print(
                 f"{rows:>9} {'spark':<8} {s:>8.3f} {rows / s:>12,.0f} {mib / s:>8.1f} {d / s:>6.2f}"
             )
-        # The first few warm up the JVM's compiled scheduling path; a daemon runs warm.
-        overhead = tiny_flushes(spark, client, replica, "tiny", TINY_REPEATS, warm_up=TINY_WARM_UP)
+        tiny = tiny_flushes(spark, client, replica, "tiny", TINY_FLUSHES)
         floor = direct_insert(client, "tiny", make_table(1), 0)
-        print(
-            f"fixed overhead per flush (1-row block, after {TINY_WARM_UP} to warm up): median of"
-            f" {TINY_REPEATS} {statistics.median(overhead) * 1000:.0f} ms, min"
-            f" {min(overhead) * 1000:.0f} ms, max {max(overhead) * 1000:.0f} ms"
-            f" (direct 1-row insert {floor * 1000:.0f} ms)"
-        )
+        print(f"fixed overhead per flush (direct 1-row insert {floor * 1000:.0f} ms):")
+        print(tiny_row("a new leader", TINY_NEW, tiny))
+        print(tiny_row("a running daemon", TINY_RUNNING, tiny))
         print(f"best of {REPEATS} runs; ratio = spark throughput / direct insert_arrow throughput")
     finally:
         runtime.stop()
