@@ -237,6 +237,14 @@ class Produced:
     seconds: float  # from the go until every process had its messages delivered
 
 
+def next_claim(first: int, due: int, count: int) -> int:
+    """Where the claim that starts at id `first` ends: up to PRODUCE_CHUNK ids of those
+    below `due`, at least MIN_CLAIM of them unless the load's `count` ends sooner; `first`
+    (nothing claimed) when fewer are due."""
+    last = max(first, min(first + PRODUCE_CHUNK, due, count))
+    return last if last - first >= MIN_CLAIM or last == count else first
+
+
 def produce_load(load: Load, shared: Shared) -> None:
     """One producer process of `load`: claims PRODUCE_CHUNK ids at a time while they are due
     (at most TICK ahead of the rate), produces them and counts them in `shared.sent`; every
@@ -259,10 +267,7 @@ def produce_load(load: Load, shared: Shared) -> None:
             due = min(due, int((elapsed + TICK) * load.rate))
         with shared.claimed.get_lock():
             first = shared.claimed.value
-            last = max(first, min(first + PRODUCE_CHUNK, due))
-            if last - first < MIN_CLAIM and last < load.count:
-                last = first  # too few are due yet
-            shared.claimed.value = last
+            last = shared.claimed.value = next_claim(first, due, load.count)
         if first == last:
             if first >= load.count:
                 break
