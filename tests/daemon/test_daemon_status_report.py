@@ -11,12 +11,23 @@ from buffer import OffsetRange
 from buffer.table import block_id_for
 from hakafka.daemon.history import PipelinePoint, Sample, StatusHistory
 from hakafka.daemon.report import pipeline_status
+from hakafka.pipeline import PipelineLeader
 from hakafka.pipeline.state import RECENT_FLUSHES
 from tests.pipeline.fakes import TOPIC, Harness, one_partition, wait_for
 
 
 def committed_up_to(h: Harness, end: int) -> bool:
     return h.fenced.checkpoint.get(TOPIC) == {0: end}
+
+
+def newest_flush_is(leader: PipelineLeader, first: int, last: int) -> bool:
+    """Whether the status lists the block of offsets `first`..`last` as its newest flush. A
+    flush is listed just after its checkpoint commit, so a wait for the commit alone can read
+    the status a moment before."""
+    flushes = pipeline_status(leader)["recent_flushes"]
+    return bool(flushes) and flushes[-1]["block_id"] == block_id_for(
+        {(TOPIC, 0): OffsetRange(first, last)}
+    )
 
 
 def test_status_lists_each_committed_block_newest_last(tmp_path: Path) -> None:
@@ -28,6 +39,7 @@ def test_status_lists_each_committed_block_newest_last(tmp_path: Path) -> None:
         for end in (150, 180):
             topic.produce(0, end - topic.ends[0])
             wait_for(partial(committed_up_to, h, end), f"the block up to {end}")
+        wait_for(partial(newest_flush_is, leader, 150, 179), "the status to list the last block")
         status = json.loads(json.dumps(pipeline_status(leader)))
     finally:
         leader.stop(0.0)
@@ -55,7 +67,8 @@ def test_status_keeps_only_the_recent_flushes(tmp_path: Path) -> None:
         for end in range(2, RECENT_FLUSHES + 4):
             wait_for(partial(committed_up_to, h, end - 1), f"the block up to {end - 1}")
             topic.produce(0, 1)
-        wait_for(partial(committed_up_to, h, RECENT_FLUSHES + 3), "the last block")
+        last = RECENT_FLUSHES + 2
+        wait_for(partial(newest_flush_is, leader, last, last), "the status to list the last block")
         flushes = pipeline_status(leader)["recent_flushes"]
     finally:
         leader.stop(0.0)
