@@ -32,11 +32,21 @@ def produce(
     )
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
+def wait_for(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    *,
+    seen: Callable[[], object] | None = None,
+) -> None:
+    """Wait until `check()`; on timeout the error names `what` and, if given, what `seen()`
+    reads then."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            at_end = f" (seen: {seen()!r})" if seen is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{at_end}")
         time.sleep(interval)
 
 

@@ -83,8 +83,13 @@ def test_replay_and_reflush_cross_transaction_markers_exactly_once(
         )
         wait_for(
             lambda: metric(node, "hakafka_consumed_rows_total") == len(committed),  # noqa: B023
-            20,
-            f"transaction {n} consumed",
+            60,
+            f"transaction {n} consumed: {len(committed)} rows in all",
+            seen=lambda: {
+                "consumed": metric(node, "hakafka_consumed_rows_total"),
+                "end_offsets": end_offsets(stack.kafka, topic),
+                "pipelines": [(p["state"], p["error"]) for p in node.pipelines()],
+            },
         )
     assert len(committed) == 5 * PARTITIONS * PER_PARTITION
     ends = end_offsets(stack.kafka, topic)
