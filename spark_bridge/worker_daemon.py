@@ -21,6 +21,8 @@ def main() -> None:
     """Load what a flush task needs (`spark_bridge.flush` and `import_task_modules`), freeze
     the heap, then serve as PySpark's daemon."""
     import_task_modules()
+    # Not `flush._freeze_worker_heap`: it runs once per process, and its forked workers would
+    # inherit it as done, leaving the clients of their first task unfrozen.
     gc.collect()
     gc.freeze()
     daemon.manager()
