@@ -51,6 +51,7 @@ class Metrics:
     leader: Gauge
     epoch: Gauge
     leader_changes: Counter
+    leadership_corrections: Counter
     zookeeper_connected: Gauge
     ready: Gauge
     queries: Counter
@@ -159,6 +160,13 @@ class Metrics:
                 "hakafka_leader_changes",
                 "Times this node began or ended leading the shard",
                 ["shard"],
+                registry=reg,
+            ),
+            leadership_corrections=Counter(
+                "hakafka_leadership_corrections",
+                "Times reading ZooKeeper back corrected what this node believed of its "
+                "leadership (an unknown outcome, a missed watch); action says what",
+                ["shard", "action"],
                 registry=reg,
             ),
             zookeeper_connected=Gauge(

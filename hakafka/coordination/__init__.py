@@ -8,6 +8,7 @@ from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.coordinator import Coordinator
 from hakafka.coordination.election import (
     BecameLeader,
+    Correction,
     FailoverRequested,
     Leadership,
     LeadershipEvent,
@@ -47,6 +48,7 @@ __all__ = [
     "ClusterSettings",
     "CoordinationError",
     "Coordinator",
+    "Correction",
     "DrainedInfo",
     "FailoverRefused",
     "FailoverRequest",

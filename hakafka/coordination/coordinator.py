@@ -5,6 +5,10 @@ It owns the session, the node registration (re-created after a new session), one
 stops every leader's side effects at once, LOST drops leadership, CONNECTED resumes or
 re-enters the elections.
 
+Safety net: a reconciliation thread asks every `Leadership` to `reconcile` (on the worker)
+every `RECONCILE_EVERY_S`, so a missed watch or an unknown outcome that nothing else
+re-examines is corrected within seconds (see `election`).
+
 Bound on SUSPENDED: kazoo declares the connection lost after 2/3 of the negotiated session
 timeout without an answer, so a leader cut off from ZooKeeper stops side effects before the
 ensemble can expire its session and elect a successor.
@@ -13,6 +17,7 @@ ensemble can expire its session and elect a successor.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 import structlog
@@ -21,8 +26,8 @@ from kazoo.exceptions import NodeExistsError
 
 from hakafka.coordination import failover, paths
 from hakafka.coordination.cluster_settings import SettingsStore
-from hakafka.coordination.election import Leadership, LeadershipEvent
-from hakafka.coordination.errors import NodeIdTakenError
+from hakafka.coordination.election import Correction, Leadership, LeadershipEvent
+from hakafka.coordination.errors import NodeIdTakenError, ZooKeeperUnavailableError
 from hakafka.coordination.executor import SerialExecutor
 from hakafka.coordination.pause import PauseStore
 from hakafka.coordination.records import (
@@ -40,12 +45,21 @@ from hakafka.coordination.session import ZkConfig, ZkSession
 log = structlog.get_logger("hakafka.coordination")
 
 DEFAULT_FAILOVER_TIMEOUT_S = 30.0
+RECONCILE_EVERY_S = 3.0
 
 
 class Coordinator:
     """ZooKeeper coordination for one node (`node_id`) of a hakafka cluster."""
 
-    def __init__(self, config: ZkConfig, node_id: str, endpoints: NodeInfo) -> None:
+    def __init__(
+        self,
+        config: ZkConfig,
+        node_id: str,
+        endpoints: NodeInfo,
+        on_correction: Callable[[int, Correction], None] | None = None,
+    ) -> None:
+        """`on_correction(shard, action)` is called for every leadership state the
+        read-back corrected (the daemon counts them in a metric)."""
         self.config = config
         self.node_id = paths.check_name("node", node_id)
         self.endpoints = endpoints
@@ -60,8 +74,15 @@ class Coordinator:
         self._worker = SerialExecutor(f"hakafka-zk-{node_id}")
         self._notifier = SerialExecutor(f"hakafka-zk-events-{node_id}")
         self._shards: dict[int, Leadership] = {}
+        self._on_correction = on_correction
         self._registered = False
+        self._registration_current = False  # confirmed since the last connection change
+        self._id_taken = False
         self._started = False
+        self._closing = threading.Event()
+        self._reconciler = threading.Thread(
+            target=self._reconcile_loop, name=f"hakafka-zk-reconcile-{node_id}", daemon=True
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -70,10 +91,12 @@ class Coordinator:
         self._session.add_listener(self._on_state)
         self._session.start()
         self._started = True
+        self._reconciler.start()
 
     def close(self) -> None:
         """Leave every shard cleanly (when connected), end the session, stop the threads."""
         timeout = self.config.request_timeout_s
+        self._closing.set()
         for shard in list(self._shards):
             if self._session.connected:
                 try:
@@ -98,6 +121,7 @@ class Coordinator:
     def _on_state(self, state: KazooState) -> None:
         # kazoo's connection thread: only flip flags and hand work to the worker.
         log.info("zookeeper.state", node=self.node_id, state=str(state))
+        self._registration_current = False
         if state == KazooState.SUSPENDED:
             for leadership in list(self._shards.values()):
                 leadership.session_suspended()
@@ -108,17 +132,41 @@ class Coordinator:
             self._worker.submit(self._after_connect)
 
     def _after_connect(self) -> None:
-        if not self._session.connected:
+        if not self._session.connected or not self._reregister():
             return
-        if self._registered:
-            try:
-                self._registry.register(self.node_id, self.endpoints)
-            except NodeIdTakenError as exc:
-                # Another daemon took this id while our session was gone: stand nowhere.
-                log.error("registry.node_id_taken", node=self.node_id, error=str(exc))
-                return
         for leadership in list(self._shards.values()):
             leadership.session_connected()
+
+    def _reregister(self) -> bool:
+        """Publish `nodes/<node_id>` again after a connection change (worker); False if
+        another daemon took the id. A call that gets no answer is retried by the
+        reconciliation thread; the elections go on meanwhile."""
+        if not self._registered or self._registration_current:
+            return not self._id_taken
+        try:
+            self._registry.register(self.node_id, self.endpoints)
+        except NodeIdTakenError as exc:
+            # Another daemon took this id while our session was gone: stand nowhere.
+            self._id_taken = True
+            log.error("registry.node_id_taken", node=self.node_id, error=str(exc))
+            return False
+        except ZooKeeperUnavailableError as exc:
+            log.warning("registry.reregister_failed", node=self.node_id, error=str(exc))
+            return True
+        self._registration_current, self._id_taken = True, False
+        return True
+
+    def _reconcile_loop(self) -> None:
+        while not self._closing.wait(RECONCILE_EVERY_S):
+            if not self._session.connected:
+                continue  # CONNECTED re-evaluates everything
+            if not self._registration_current and not self._id_taken:
+                self._worker.submit(self._reregister)
+            for shard, leadership in list(self._shards.items()):
+                if leadership.left:
+                    self._shards.pop(shard, None)  # a leave finished by a retry
+                else:
+                    self._worker.submit(leadership.reconcile)
 
     @property
     def connected(self) -> bool:
@@ -153,7 +201,7 @@ class Coordinator:
 
     def _register(self) -> None:
         self._registry.register(self.node_id, self.endpoints)
-        self._registered = True
+        self._registered = self._registration_current = True
 
     def restrict_acl(self) -> int:
         """Restrict the root and everything under it to the auth user (`hakafka init`);
@@ -200,8 +248,14 @@ class Coordinator:
     ) -> Leadership:
         """Stand for leadership of `shard`; returns its `Leadership`. `on_change` is
         registered before the candidacy starts, so it sees every event."""
-        if shard in self._shards:
-            raise ValueError(f"node {self.node_id} already stands in shard {shard}")
+        leaving = self._shards.get(shard)
+        if leaving is not None and leaving.left:
+            self._shards.pop(shard, None)
+        elif leaving is not None:
+            if leaving.joined:
+                raise ValueError(f"node {self.node_id} already stands in shard {shard}")
+            self._call(lambda: leaving.rejoin(on_change))  # its leave is still being retried
+            return leaving
         self._call(lambda: self._init_paths([shard]))
         leadership = Leadership(
             shard,
@@ -210,6 +264,7 @@ class Coordinator:
             registry=self._registry,
             worker=self._worker,
             notifier=self._notifier,
+            on_correction=self._on_correction,
         )
         if on_change is not None:
             leadership.on_change(on_change)
@@ -218,10 +273,15 @@ class Coordinator:
         return leadership
 
     def leave(self, shard: int) -> None:
-        """Stop standing for `shard` (resigning cleanly if leading)."""
-        leadership = self._shards.pop(shard, None)
-        if leadership is not None:
-            self._call(leadership.leave)
+        """Stop standing for `shard` (resigning cleanly if leading). Returns once the leave
+        is done or handed to the worker's retries: the shard is forgotten only when
+        ZooKeeper confirmed it (a later `join` takes the candidacy back meanwhile)."""
+        leadership = self._shards.get(shard)
+        if leadership is None:
+            return
+        self._call(leadership.leave)
+        if leadership.left:
+            self._shards.pop(shard, None)
 
     def leader_of(self, shard: int) -> LeaderInfo | None:
         """The current leader of `shard`, or None while there is none."""

@@ -7,6 +7,19 @@ candidate whose node is eligible (not under replacement, and the failover target
 `leader` znode in one multi-op, so a leader is only published once the previous `leader`
 znode is gone, and the new `epoch` version is the fencing token. All ZooKeeper work happens on
 the coordinator's serial worker, driven by watches; kazoo's threads only hand work over.
+
+Leadership is read back, never remembered. A call whose outcome is unknown (its reply lost
+with the connection, or no answer within the request timeout) may have been applied:
+- the election multi-op: the next evaluation finds `leader` owned by this session
+  (`ephemeralOwner`) and, when its epoch is still the shard's, adopts the term; otherwise
+  it deletes the stale znode;
+- a candidate `create`: a candidate of this session that is not `_candidate` is deleted;
+- a resignation or leave: it stays pending (`_resigning`) and is retried until ZooKeeper
+  confirms that neither `leader` nor the candidate is this session's.
+A suspended leader whose connection is back re-checks on a timer until it resumes or drops,
+and drops once it has been suspended for a session timeout. `reconcile` (every few seconds,
+from the coordinator) runs the same checks as a safety net; each correction is logged
+(`election.corrected`) and counted through `on_correction`.
 """
 
 from __future__ import annotations
@@ -19,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from kazoo.exceptions import BadVersionError
 from kazoo.protocol.states import EventType, ZnodeStat
 
 from hakafka.coordination import paths
@@ -34,6 +46,21 @@ from hakafka.coordination.session import ZkSession
 log = structlog.get_logger("hakafka.coordination")
 
 RETRY_DELAY_S = 0.5
+
+
+class Correction(enum.StrEnum):
+    """What a read-back found wrong and fixed (the `action` label of the metric)."""
+
+    ADOPTED_LEADER = "adopted_leader"
+    """`leader` was this session's while the node followed: the election went through."""
+    DELETED_LEADER = "deleted_leader"
+    """`leader` was this session's while the node must not lead: deleted."""
+    DELETED_CANDIDATE = "deleted_candidate"
+    """A second candidate of this session (a create whose reply was lost): deleted."""
+    DROPPED_LEADERSHIP = "dropped_leadership"
+    """The node believed it led but `leader` or `epoch` said otherwise."""
+    DROPPED_SUSPENDED = "dropped_suspended"
+    """Suspended for a session timeout on a live connection that could not confirm it."""
 
 
 class LeadershipState(enum.Enum):
@@ -101,6 +128,7 @@ class Leadership:
         registry: Registry,
         worker: SerialExecutor,
         notifier: SerialExecutor,
+        on_correction: Callable[[int, Correction], None] | None = None,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
@@ -116,7 +144,10 @@ class Leadership:
         self._status = "elected"
         self._joined = True
         self._candidate: str | None = None
-        self._candidate_nodes: dict[str, str] = {}
+        self._candidate_nodes: dict[str, tuple[str, int]] = {}  # name -> (node, owner session)
+        self._resigning: str | None = None  # why, while a resignation is not yet confirmed
+        self._suspended_at: float | None = None  # monotonic time the current suspension began
+        self._on_correction = on_correction
         self._callbacks: list[Callable[[LeadershipEvent], None]] = []
         self._timers: list[threading.Timer] = []
         self._deadline_armed: float | None = None
@@ -141,6 +172,18 @@ class Leadership:
         """The fencing token (the `epoch` znode's version) while leading, else None."""
         with self._cond:
             return self._token
+
+    @property
+    def joined(self) -> bool:
+        """True while the node stands in this shard (from `join` until `leave`)."""
+        return self._joined
+
+    @property
+    def left(self) -> bool:
+        """True once a `leave` is done: nothing of this node's candidacy is left in ZooKeeper."""
+        with self._cond:
+            following = self._state is LeadershipState.FOLLOWER
+        return following and not self._joined and self._candidate is None and not self._resigning
 
     def wait_leader(self, timeout: float) -> bool:
         """Wait up to `timeout` s until this node leads the shard; True if it does."""
@@ -189,6 +232,7 @@ class Leadership:
             if self._state is not LeadershipState.LEADER:
                 return
             self._state = LeadershipState.SUSPENDED
+            self._suspended_at = time.monotonic()
         log.warning("election.suspended", shard=self.shard, node=self.node_id)
         self._notify(Suspended())
 
@@ -196,20 +240,46 @@ class Leadership:
         """The session expired or closed (kazoo thread): its ephemerals are gone."""
         with self._cond:
             self._candidate = None
+            self._resigning = None  # the session's end deleted whatever it still owned
         self._drop("zookeeper session lost")
 
     def session_connected(self) -> None:
         """The connection is back (worker): resume if the epoch is still ours, then
         re-evaluate (watches were reset by the disconnection)."""
-        if self.state is LeadershipState.SUSPENDED:
-            self._resume_or_drop()
         self._evaluate()
 
     def leave(self) -> None:
-        """Stop standing in this shard (worker): resign if leading, delete the candidate."""
+        """Stop standing in this shard (worker): resign if leading, delete the candidate.
+        What ZooKeeper does not confirm is retried on the worker until `left` is True."""
         self._joined = False
-        self.cancel_timers()
-        self._resign("node left the shard")
+        try:
+            self._resign("node left the shard")
+        except ZooKeeperUnavailableError as exc:  # deleting the candidate: evaluated again
+            log.warning("election.leave_unconfirmed", shard=self.shard, error=str(exc))
+            self._retry_later()
+
+    def rejoin(self, callback: Callable[[LeadershipEvent], None] | None) -> None:
+        """Stand again after a `leave` that is not complete yet (worker); `callback`
+        replaces the callbacks given before."""
+        with self._cond:
+            self._callbacks = [] if callback is None else [callback]
+        self._joined = True
+        self._evaluate()
+
+    def reconcile(self) -> None:
+        """The safety net (worker, every few seconds): finish a pending resignation, resume
+        or drop a suspended term, check that a leader's `leader` and `epoch` are still its
+        own, and evaluate the election again (which adopts or deletes a `leader` owned by
+        this session while it follows)."""
+        if not self._session.connected:
+            return
+        try:
+            if self.state is LeadershipState.LEADER and not self._still_leads():
+                self._correct(Correction.DROPPED_LEADERSHIP)
+                self._drop("leader znode or epoch no longer this term's")
+            self._evaluate_once()
+        except ZooKeeperUnavailableError as exc:
+            log.warning("election.reconcile_failed", shard=self.shard, error=str(exc))
 
     def cancel_timers(self) -> None:
         for timer in self._timers:
@@ -249,6 +319,23 @@ class Leadership:
             self._notify(LostLeadership(reason))
         return was
 
+    def _correct(self, action: Correction, **fields: object) -> None:
+        log.warning(
+            "election.corrected", shard=self.shard, node=self.node_id, action=action, **fields
+        )
+        if self._on_correction is not None:
+            self._on_correction(self.shard, action)
+
+    def _owns(self, stat: ZnodeStat | None) -> bool:
+        return stat is not None and stat.ephemeralOwner == self._session.session_id
+
+    def _still_leads(self) -> bool:
+        """ZooKeeper says this term holds: `leader` is this session's and `epoch` has our
+        token as its version."""
+        leader = self._session.exists(paths.leader(self.shard))
+        epoch = self._session.exists(paths.epoch(self.shard))
+        return self._owns(leader) and epoch is not None and epoch.version == self.token
+
     def _retry_later(self, delay: float = RETRY_DELAY_S) -> None:
         self._timers = [t for t in self._timers if t.is_alive()]
         timer = threading.Timer(delay, self.trigger)
@@ -265,7 +352,13 @@ class Leadership:
                 self._retry_later()
 
     def _evaluate_once(self) -> None:
-        if not self._session.connected or self.state is LeadershipState.SUSPENDED:
+        if not self._session.connected:
+            return
+        if self.state is LeadershipState.SUSPENDED:
+            self._resume_or_drop()
+            if self.state is LeadershipState.SUSPENDED:
+                return
+        if self._resigning is not None and not self._finish_resign():
             return
         replacing = self._registry.replacing_names(self.trigger)
         found = read_request(self._session, self.shard, self.trigger)
@@ -283,7 +376,9 @@ class Leadership:
             elif request is not None and request_stat is not None:
                 self._leader_handle_request(request, request_stat, now)
             return
+        leader_path = paths.leader(self.shard)
         if not self._joined or self.node_id in replacing or target not in (None, self.node_id):
+            self._delete_own_leader(self._session.exists(leader_path), "node must not lead")
             self._withdraw()
             return
         if self._candidate is None:
@@ -298,10 +393,18 @@ class Leadership:
                 "election.candidate", shard=self.shard, node=self.node_id, candidate=self._candidate
             )
         winner = self._winner(replacing, target)
-        if winner != self._candidate:
-            self._session.exists(paths.leader(self.shard), self.trigger)
+        if winner is None or winner != self._candidate:
+            leader = self._session.exists(leader_path, self.trigger)
+            self._delete_own_leader(leader, f"candidate {winner} comes first")
             return
         self._try_lead(request, request_stat)
+
+    def _delete_own_leader(self, leader: ZnodeStat | None, why: str) -> None:
+        """Delete `leader` if this session owns it although this node follows."""
+        if self._owns(leader):
+            assert leader is not None
+            self._session.delete(paths.leader(self.shard), leader.version)
+            self._correct(Correction.DELETED_LEADER, why=why)
 
     def _winner(self, replacing: set[str], target: str | None) -> str | None:
         """The lowest eligible candidate's name (sets a watch on the candidates)."""
@@ -313,22 +416,32 @@ class Leadership:
             self._retry_later(0.0)
             return None
         self._candidate_nodes = {n: v for n, v in self._candidate_nodes.items() if n in names}
+        winner = None
         for name in names:
-            node = self._candidate_nodes.get(name)
-            if node is None:
+            known = self._candidate_nodes.get(name)
+            if known is None:
                 got = self._session.get(f"{election}/{name}")
                 if got is None:
                     continue
-                node = got[0].decode("utf-8", errors="replace")
-                self._candidate_nodes[name] = node
-            if node in replacing or target not in (None, node):
+                known = got[0].decode("utf-8", errors="replace"), got[1].ephemeralOwner
+                self._candidate_nodes[name] = known
+            node, owner = known
+            if owner == self._session.session_id and name != self._candidate:
+                # A create whose reply was lost: ours, but not the candidate we stand with.
+                self._session.delete(f"{election}/{name}")
+                self._correct(Correction.DELETED_CANDIDATE, candidate=name)
                 continue
-            return name
-        return None
+            if winner is None and node not in replacing and target in (None, node):
+                winner = name
+        return winner
 
     def _try_lead(self, request: FailoverRequest | None, request_stat: ZnodeStat | None) -> None:
         leader_path = paths.leader(self.shard)
-        if self._session.exists(leader_path, self.trigger) is not None:
+        leader = self._session.exists(leader_path, self.trigger)
+        if self._owns(leader):
+            self._adopt(request, request_stat)
+            return
+        if leader is not None:
             return  # the previous leader's znode is still there: its deletion triggers us
         epoch_path = paths.epoch(self.shard)
         got = self._session.get(epoch_path)
@@ -349,22 +462,50 @@ class Leadership:
             )
             self._retry_later()
             return
-        stat: ZnodeStat = results[0]
+        self._become_leader(new_epoch, results[0], info.status, request, request_stat)
+
+    def _adopt(self, request: FailoverRequest | None, request_stat: ZnodeStat | None) -> None:
+        """`leader` is this session's while this node follows: the election multi-op went
+        through although its reply was lost. Take the term if its epoch is still the shard's
+        (nobody can have been elected since: the znode blocked them), else delete it."""
+        leader_path, epoch_path = paths.leader(self.shard), paths.epoch(self.shard)
+        leader = self._session.get(leader_path)
+        epoch = self._session.get(epoch_path)
+        if leader is None or not self._owns(leader[1]) or epoch is None:
+            self._retry_later()  # it changed under us: evaluate again
+            return
+        info = LeaderInfo.decode(leader_path, leader[0])
+        number = decode_epoch(epoch_path, epoch[0])
+        if info.node != self.node_id or info.epoch != number:
+            self._delete_own_leader(leader[1], f"its epoch {info.epoch} is not {number}")
+            self._retry_later(0.0)
+            return
+        self._correct(Correction.ADOPTED_LEADER, epoch=number)
+        self._become_leader(number, epoch[1], info.status, request, request_stat)
+
+    def _become_leader(
+        self,
+        epoch: int,
+        epoch_stat: ZnodeStat,
+        status: str,
+        request: FailoverRequest | None,
+        request_stat: ZnodeStat | None,
+    ) -> None:
         with self._cond:
             self._state = LeadershipState.LEADER
-            self._epoch = new_epoch
-            self._token = stat.version
-            self._epoch_mzxid = stat.mzxid
-            self._status = info.status
+            self._epoch = epoch
+            self._token = epoch_stat.version
+            self._epoch_mzxid = epoch_stat.mzxid
+            self._status = status
             self.failover_requested.clear()
         log.info(
             "election.became_leader",
             shard=self.shard,
             node=self.node_id,
-            epoch=new_epoch,
-            token=stat.version,
+            epoch=epoch,
+            token=epoch_stat.version,
         )
-        self._notify(BecameLeader(new_epoch, stat.version))
+        self._notify(BecameLeader(epoch, epoch_stat.version))
         if request is not None and request_stat is not None:
             self._leader_handle_request(request, request_stat, time.time())
 
@@ -401,55 +542,83 @@ class Leadership:
             self._candidate = None
 
     def _resign(self, reason: str) -> None:
-        if self.state is LeadershipState.FOLLOWER:
+        if self.state is LeadershipState.FOLLOWER and self._resigning is None:
             self._withdraw()
             if self._joined:
                 self._evaluate()
             return
         # Stop side effects before the successor can be elected.
         self._drop(f"resigned: {reason}")
-        found = read_request(self._session, self.shard)
-        if found is not None and found[0].to is None:
-            # Honoured by this resignation; a successor would also drop it (it predates them).
-            try:
-                self._session.delete(paths.failover(self.shard), found[1].version)
-            except BadVersionError:
-                log.info("failover.changed_while_resigning", shard=self.shard)
-        txn = self._session.transaction()
-        ops = 0
-        leader_path = paths.leader(self.shard)
-        leader = self._session.exists(leader_path)
-        if leader is not None and leader.ephemeralOwner == self._session.session_id:
-            txn.delete(leader_path, leader.version)
-            ops += 1
-        if self._candidate is not None:
-            txn.delete(f"{paths.election(self.shard)}/{self._candidate}")
-            self._candidate = None
-            ops += 1
-        results = self._session.commit(txn, leader_path) if ops else []
-        log.info(
-            "election.resigned",
-            shard=self.shard,
-            node=self.node_id,
-            reason=reason,
-            errors=[repr(r) for r in results if isinstance(r, Exception)],
-        )
-        if self._joined:
+        self._resigning = self._resigning or reason
+        try:
+            done = self._finish_resign()
+        except ZooKeeperUnavailableError as exc:
+            log.warning("election.resign_unconfirmed", shard=self.shard, error=str(exc))
+            self._retry_later()
+            return
+        if done and self._joined:
             self._evaluate()
 
-    def _resume_or_drop(self) -> None:
-        try:
-            leader = self._session.get(paths.leader(self.shard))
-            epoch = self._session.exists(paths.epoch(self.shard))
-        except ZooKeeperUnavailableError as exc:
-            log.warning("election.resume_check_failed", shard=self.shard, error=str(exc))
-            return  # stay suspended; the next CONNECTED checks again
-        ours = (
-            leader is not None
-            and leader[1].ephemeralOwner == self._session.session_id
-            and epoch is not None
-            and epoch.version == self.token
+    def _finish_resign(self) -> bool:
+        """Delete what this session still owns of the term (`leader`, with a failover request
+        it honours) and its candidate, in one multi-op; True once ZooKeeper confirms it.
+        Every attempt reads first, so a retry after an unknown outcome deletes only what is
+        still there. Not confirmed: retried later (a lost connection raises, and the next
+        CONNECTED evaluates again)."""
+        reason = self._resigning
+        txn = self._session.transaction()
+        ops: list[str] = []
+        leader_path = paths.leader(self.shard)
+        leader = self._session.exists(leader_path)
+        if self._owns(leader):
+            assert leader is not None
+            txn.delete(leader_path, leader.version)
+            ops.append("leader")
+            found = read_request(self._session, self.shard)
+            if found is not None and found[0].to is None:
+                # Honoured by this resignation; a successor would drop it too (it predates them).
+                txn.delete(paths.failover(self.shard), found[1].version)
+                ops.append("failover")
+        if self._candidate is not None:
+            candidate = f"{paths.election(self.shard)}/{self._candidate}"
+            if self._session.exists(candidate) is not None:
+                txn.delete(candidate)
+                ops.append("candidate")
+        results = self._session.commit(txn, leader_path) if ops else []
+        errors = [repr(r) for r in results if isinstance(r, Exception)]
+        if errors:
+            log.info("election.resign_retry", shard=self.shard, reason=reason, errors=errors)
+            self._retry_later()
+            return False
+        self._candidate, self._resigning = None, None
+        log.info(
+            "election.resigned", shard=self.shard, node=self.node_id, reason=reason, deleted=ops
         )
+        return True
+
+    def _resume_or_drop(self) -> None:
+        """A suspended term on a connection that is back: resume it if ZooKeeper confirms it
+        is still ours, drop it if not. A check that times out (a slow or frozen server on a
+        live connection: no CONNECTED will follow) is retried on a timer; past a session
+        timeout of suspension the term is dropped, and the next evaluation adopts or deletes
+        the `leader` znode once ZooKeeper answers."""
+        try:
+            ours = self._still_leads()
+        except ZooKeeperUnavailableError as exc:
+            began = self._suspended_at or time.monotonic()
+            suspended_s = time.monotonic() - began
+            log.warning(
+                "election.resume_check_failed",
+                shard=self.shard,
+                error=str(exc),
+                suspended_s=round(suspended_s, 1),
+            )
+            if suspended_s >= self._session.config.session_timeout_s:
+                self._correct(Correction.DROPPED_SUSPENDED, suspended_s=round(suspended_s, 1))
+                self._drop(f"suspended for {suspended_s:.1f} s without ZooKeeper confirming it")
+            if self._session.connected:
+                self._retry_later()
+            return
         if not ours:
             self._drop("leadership lost while the connection was suspended")
             return

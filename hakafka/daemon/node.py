@@ -174,8 +174,12 @@ class Daemon:
                 tls=tls,
                 observe=self.metrics.observe_query,
             )
+        corrections = self.metrics.leadership_corrections
         self.coordinator = Coordinator(
-            zk_config(config), config.node, node_info(config, self.http.port, self.flight.port)
+            zk_config(config),
+            config.node,
+            node_info(config, self.http.port, self.flight.port),
+            on_correction=lambda shard, action: corrections.labels(str(shard), action).inc(),
         )
         self.forwarder = Forwarder(
             self.coordinator,
