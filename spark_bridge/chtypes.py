@@ -25,10 +25,15 @@ def split_type(ch_type: str) -> tuple[str, list[str]]:
         return text, []
     if not text.endswith(")"):
         raise ValueError("unbalanced parentheses")
-    name, inner = text[: text.index("(")].strip(), text[text.index("(") + 1 : -1]
-    args: list[str] = []
+    return text[: text.index("(")].strip(), split_top_level(text[text.index("(") + 1 : -1], ",")
+
+
+def split_top_level(text: str, separator: str) -> list[str]:
+    """`text` split at each `separator` that stands outside parentheses and quotes, each part
+    stripped; ValueError for unbalanced parentheses or quotes."""
+    parts: list[str] = []
     depth, start, quote, escaped = 0, 0, "", False
-    for i, char in enumerate(inner):
+    for i, char in enumerate(text):
         if quote:
             if escaped:
                 escaped = False
@@ -44,13 +49,13 @@ def split_type(ch_type: str) -> tuple[str, list[str]]:
             depth -= 1
             if depth < 0:
                 raise ValueError("unbalanced parentheses")
-        elif char == "," and depth == 0:
-            args.append(inner[start:i].strip())
-            start = i + 1
+        elif depth == 0 and i >= start and text.startswith(separator, i):
+            parts.append(text[start:i].strip())
+            start = i + len(separator)
     if depth != 0 or quote:
         raise ValueError("unbalanced parentheses or quotes")
-    args.append(inner[start:].strip())
-    return name, args
+    parts.append(text[start:].strip())
+    return parts
 
 
 def tuple_element(arg: str) -> tuple[str | None, str]:

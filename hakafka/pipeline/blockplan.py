@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from hakafka.config import PipelineConfig
+from hakafka.consumer import SchemaError, arrow_type
 from hakafka.coordination import PendingIntent, TaskRecord
 from hakafka.pipeline.buffer import ArrowBlock, PipelineBlock
+from spark_bridge.chtypes import canonical_type, split_top_level
 from spark_bridge.plan import (
     FlushTask,
     PlanError,
@@ -176,16 +178,21 @@ def follow_plan(
 
 def _check_settings(block_id: str, recorded: dict[str, str], current: dict[str, str]) -> None:
     """Refuse a re-flush under settings that decode the block's offsets differently. Columns
-    may only have been added (their values are null for the block's rows) or made Nullable."""
+    may only have been added (their values are null for the block's rows) or made Nullable
+    (the WAL converter's rule: the same Arrow form, now nullable)."""
     changed = [
         f"{key}: recorded {recorded.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(recorded) | set(current))
         if key != "columns" and recorded.get(key) != current.get(key)
     ]
-    had = [c for c in recorded.get("columns", "").split(", ") if c]
-    now = set(current.get("columns", "").split(", "))
-    # A column made Nullable keeps its values (WAL replay converts it so too).
-    if lost := [c for c in had if c not in now and _widened(c) not in now]:
+    had = _columns(recorded.get("columns", ""))
+    now = _columns(current.get("columns", ""))
+    lost = [
+        f"{name} {type_}" + (f" at {path}" if path else "")
+        for name, (type_, path) in had.items()
+        if name not in now or not (now[name][1] == path and _keeps_values(type_, now[name][0]))
+    ]
+    if lost:
         changed.append(f"columns {lost} were removed or retyped")
     if changed:
         raise BlockMismatchError(
@@ -194,10 +201,27 @@ def _check_settings(block_id: str, recorded: dict[str, str], current: dict[str, 
         )
 
 
-def _widened(column: str) -> str:
-    """`name Type` as `name Nullable(Type)`."""
-    name, _, type_ = column.partition(" ")
-    return f"{name} Nullable({type_})"
+def _columns(text: str) -> dict[str, tuple[str, str]]:
+    """The `columns` setting (`name Type[ at path], ...`) as name -> (type, path)."""
+    found: dict[str, tuple[str, str]] = {}
+    for entry in split_top_level(text, ", ") if text else []:
+        name, _, rest = entry.partition(" ")
+        type_, *path = split_top_level(rest, " at ")
+        found[name] = (type_, path[0] if path else "")
+    return found
+
+
+def _keeps_values(recorded: str, current: str) -> bool:
+    """True if a column of type `recorded` reads the block's rows alike as `current`: the same
+    type, or the same made Nullable (`T` -> `Nullable(T)`, `LowCardinality(T)` ->
+    `LowCardinality(Nullable(T))`)."""
+    if canonical_type(recorded) == canonical_type(current):
+        return True
+    try:
+        before, after = arrow_type(recorded), arrow_type(current)
+    except SchemaError:
+        return False
+    return not before.nullable and after == dataclasses.replace(before, nullable=True)
 
 
 def _legacy(
