@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hakafka import __version__
-from hakafka.config import DEFAULT_PATH, Config, ConfigError, load_config
+from hakafka.config import DEFAULT_PATH, Config, ConfigError, check_data_dir, load_config
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -47,6 +47,7 @@ def load_with_table_columns(path: Path) -> Config:
 
 def _config_check(args: argparse.Namespace) -> int:
     config = load(args.file)
+    check_data_dir(config)
     print(
         f"{args.file}: ok (node {config.node}, shards {list(config.shards)} of "
         f"{config.shard_count}, pipelines {', '.join(p.name for p in config.pipelines)})"
@@ -74,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         return dataclasses.replace(config, log_level=logs.LogLevel(args.log_level))
 
     config = read()
+    check_data_dir(config)
     sink = logs.configure(args.log_format, config.log_level, logs.LogSink(args.log_file))
     # Only `run` loads the daemon (and with it Spark).
     from hakafka.daemon import Daemon, StartupError

@@ -871,6 +871,27 @@ def parse_config(
     return config
 
 
+def check_data_dir(config: Config) -> None:
+    """Raise `ConfigError` unless `config.data_dir` is a directory this process may write, or
+    can be created: its nearest existing ancestor is a writable directory. Run by `run`
+    before it touches anything and by `config check` (not by ops commands, which run
+    elsewhere)."""
+    path = config.data_dir
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    if not existing.is_dir():
+        problem = "is not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"is not writable by uid {os.geteuid()}"
+    else:
+        return
+    what = (
+        f"{path} {problem}"
+        if existing == path
+        else f"{path} cannot be created: {existing} {problem}"
+    )
+    raise ConfigError(config.source or "<config>", [f"data_dir: {what}"])
+
+
 def load_config(path: Path, check_type: Callable[[str], str | None] = _accept_any_type) -> Config:
     """Read and validate the TOML file at `path`."""
     try:

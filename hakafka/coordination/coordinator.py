@@ -283,6 +283,19 @@ class Coordinator:
         if leadership.left:
             self._shards.pop(shard, None)
 
+    def candidates(self, shard: int) -> list[str]:
+        """The nodes standing in `shard`'s election, lowest sequence first, without the
+        ones under replacement (who will not be elected)."""
+        election = paths.election(shard)
+        replacing = self._registry.replacing_names()
+        nodes = []
+        for name in sorted(self._session.children(election), key=paths.candidate_sequence):
+            got = self._session.get(f"{election}/{name}")
+            node = None if got is None else got[0].decode("utf-8", errors="replace")
+            if node is not None and node not in replacing:
+                nodes.append(node)
+        return nodes
+
     def leader_of(self, shard: int) -> LeaderInfo | None:
         """The current leader of `shard`, or None while there is none."""
         got = self._session.get(paths.leader(shard))

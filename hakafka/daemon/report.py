@@ -59,6 +59,15 @@ def _leader(coordinator: Coordinator, shard: int) -> dict[str, Any] | None:
     return None if info is None else {"node": info.node, "epoch": info.epoch, "status": info.status}
 
 
+def _cooldown(runner: ShardRunner) -> dict[str, Any] | None:
+    """Why this node handed the shard over, when, and in how many seconds it stands again."""
+    cooldown = runner.cooldown
+    if cooldown is None:
+        return None
+    left = max(0.0, cooldown.until - time.monotonic())
+    return {"reason": cooldown.reason, "at": cooldown.at, "stands_again_in_s": round(left, 1)}
+
+
 def node_status(
     *,
     node: str,
@@ -82,6 +91,7 @@ def node_status(
                 "leader": _leader(coordinator, runner.shard),
                 "pipelines": [pipeline_status(p) for p in runner.pipelines],
                 "paused": sorted(runner.paused),
+                "cooldown": _cooldown(runner),
             }
         )
     return {

@@ -35,6 +35,13 @@ flush that cannot land) is restarted within the same term after a growing delay 
 without ops, and `status` shows the error and the restart count meanwhile. A bad message under
 `on_error = "fail"` is not retried: the pipeline stays failed (the node unhealthy, the systemd
 watchdog unfed) until ops act.
+
+A leader that keeps failing hands the shard over, as HaKafka yields to a healthier replica:
+after `HandoverPolicy.failures` failed runs of a pipeline within its window, or at once for a
+failure of this node's own disk (its `data_dir` or WAL directory), it stops its pipelines,
+leaves the election (`leader.handing_over`, with the reason) and stands again only after the
+policy's cool-down. It does so only while another node stands in the shard: the
+last candidate keeps the shard and keeps restarting (`leader.no_one_to_hand_over_to`).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -109,11 +116,33 @@ class _Pauses:
 
 @dataclass
 class _Restarts:
-    """Restart bookkeeping of one pipeline within one term."""
+    """Restart bookkeeping of one pipeline (its failures are kept across terms)."""
 
     count: int = 0
     last_at: float | None = None
     failed_at: float | None = None
+    failures: list[float] = field(default_factory=list)  # monotonic times, within the window
+
+
+@dataclass(frozen=True)
+class HandoverPolicy:
+    """When a failing leader hands its shard over, and for how long it then stays out."""
+
+    failures: int = 3
+    """Failed runs of one pipeline within `window_s` that hand the shard over."""
+    window_s: float = 300.0
+    cooldown_s: float = 60.0
+    """How long a node that handed a shard over stays out of its election."""
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """This node handed the shard over: it stands again at `until` (monotonic time)."""
+
+    until: float
+    reason: str
+    at: float = field(default_factory=time.time)
+    """Unix time of the hand-over."""
 
 
 class ShardRunner:
@@ -134,6 +163,7 @@ class ShardRunner:
         flush_grace_s: float,
         stuck_after_s: float,
         warm_up: Callable[[], object] | None = None,
+        handover: HandoverPolicy = HandoverPolicy(),
     ) -> None:
         self.shard = shard
         self._coordinator, self._make_pipelines = coordinator, make_pipelines
@@ -157,11 +187,15 @@ class ShardRunner:
         self._draining = False  # a reshard is in progress: pipelines drain, then hold
         self._reshard: str | None = None  # the id of that reshard
         self._drained_reported = False  # this term's drained report for it is written
+        self.cooldown: Cooldown | None = None
+        """Set while this node stays out of the election after handing the shard over."""
         self.paused: frozenset[str] = frozenset()
         """The pipelines ops paused in this shard (they run in no term)."""
         self._acknowledged: set[str] = set()  # paused pipelines this term reported stopped
         self._resumed: set[str] = set()  # resumed by ops, not started yet (term suspended)
         self._log = log.bind(shard=shard)
+        self._node = coordinator.node_id
+        self._handover = handover
 
     def start(self) -> None:
         """Handle events from now on; the node stands once `stand()` is called."""
@@ -243,7 +277,10 @@ class ShardRunner:
 
     def _reconcile_candidacy(self) -> None:
         """Join or leave the election as `_wanted` says (shard thread only)."""
-        if self._wanted.stand and not self.standing:
+        if self.cooldown is not None and time.monotonic() >= self.cooldown.until:
+            self._log.info("shard.cooldown_over", reason=self.cooldown.reason)
+            self.cooldown = None
+        if self._wanted.stand and not self.standing and self.cooldown is None:
             self.leadership = self._coordinator.join(self.shard, on_change=self._events.put)
             self.standing = True
             self._log.info("shard.standing")
@@ -277,6 +314,11 @@ class ShardRunner:
             delay = restart_delay(restarts.count + 1)
             if restarts.failed_at is None:
                 restarts.failed_at = now
+                window = self._handover.window_s
+                restarts.failures = [t for t in restarts.failures if now - t < window]
+                restarts.failures.append(now)
+                if self._hand_over_if_failing(p, len(restarts.failures)):
+                    return
                 self._log.warning(
                     "pipeline.restart_scheduled",
                     pipeline=name,
@@ -288,6 +330,33 @@ class ShardRunner:
                 continue
             if not self._restart(index, restarts):
                 return
+
+    def _hand_over_if_failing(self, failed: PipelineLeader, failures: int) -> bool:
+        """Leave the election for the policy's cool-down if `failed` failed on this node's
+        disk or `failures` times in the window, and another node stands; True if it did."""
+        name, status, policy = failed.config.name, failed.status, self._handover
+        if status.local_fault:
+            reason = f"pipeline {name} failed on this node's disk: {status.error}"
+        elif failures >= policy.failures:
+            reason = (
+                f"pipeline {name} failed {failures} times in {policy.window_s:.0f} s, "
+                f"last: {status.error}"
+            )
+        else:
+            return False
+        others = [n for n in self._coordinator.candidates(self.shard) if n != self._node]
+        if not others:
+            self._log.error("leader.no_one_to_hand_over_to", reason=reason)
+            return False
+        self._log.error(
+            "leader.handing_over", reason=reason, candidates=others, cooldown_s=policy.cooldown_s
+        )
+        self._stop_pipelines(HANDOVER_GRACE_S, reason=reason)
+        self._mark_elected(False)
+        self.cooldown = Cooldown(time.monotonic() + policy.cooldown_s, reason)
+        self._coordinator.leave(self.shard)
+        self.standing = False
+        return True
 
     def _set_draining(self, request: str | None) -> None:
         """Restart the term's pipelines in the mode a reshard wants (shard thread only). A
@@ -476,7 +545,8 @@ class ShardRunner:
         self.pipelines = [
             p for p in pipelines if self._draining or p.config.name not in self.paused
         ]
-        self._restarts = {}
+        # A new term restarts the delays; failures in the window still count towards a hand-over.
+        self._restarts = {n: _Restarts(failures=r.failures) for n, r in self._restarts.items()}
         self._acknowledged, self._resumed = set(), set()
         for p in self.pipelines:
             p.start()

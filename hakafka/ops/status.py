@@ -59,7 +59,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
                 "flight": None if info is None else info.flight,
                 "version": None if info is None else info.version,
                 "healthy": views.get(name, {}).get("healthy"),
-                "error": errors.get(name) or _drift_of(views.get(name, {})),
+                "error": errors.get(name) or _note_of(views.get(name, {})),
                 "replacing": None if flag is None else asdict(flag),
             }
         )
@@ -70,10 +70,19 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
     return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
 
 
-def _drift_of(view: dict[str, Any]) -> str | None:
-    """A node's settings drift (why it stands in no shard), or None."""
+def _note_of(view: dict[str, Any]) -> str | None:
+    """Why a node stands in fewer shards than it serves: its settings drift (none), or the
+    shards it handed over and stays out of for a while; None if neither."""
     drift = view.get("settings_drift")
-    return "settings drift: " + "; ".join(drift) if drift else None
+    if drift:
+        return "settings drift: " + "; ".join(drift)
+    notes = [
+        f"handed shard {entry['shard']} over ({cooldown['reason']}), stands again in "
+        f"{cooldown['stands_again_in_s']:.0f} s"
+        for entry in view.get("shards", [])
+        if (cooldown := entry.get("cooldown"))
+    ]
+    return "; ".join(notes) or None
 
 
 def _pipelines_of(

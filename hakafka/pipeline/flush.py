@@ -29,7 +29,7 @@ from hakafka.pipeline.blockplan import (
 from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
-from hakafka.pipeline.state import Flush, PipelineState, PipelineStopped
+from hakafka.pipeline.state import Flush, PipelineStopped
 from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
 FLUSH_CHECK_S = 0.05
@@ -104,16 +104,15 @@ class FlushLane:
         except (PipelineStopped, FencedError) as exc:
             lane.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)
         except Exception as exc:
-            lane.status.error = f"{type(exc).__name__}: {exc}"
             # These fail the same way on every leader: they wait for ops. A pending block past
             # retention under out_of_range = "fail" (kafka.out_of_range = "earliest" skips
             # it); a pending block that no longer matches its plan; a checkpoint commit that
             # would move backwards (a bug or a second writer: nothing was written).
-            lane.status.restartable = not isinstance(
+            permanent = isinstance(
                 exc, (OffsetOutOfRangeError, BlockMismatchError, CheckpointRegressionError)
             )
-            lane.log.error("flush.failed_permanently", error=lane.status.error)
-            lane.status.enter(PipelineState.FAILED, lane.log, error=lane.status.error)
+            lane.log.error("flush.failed_permanently", error=f"{type(exc).__name__}: {exc}")
+            lane.status.fail(exc, lane.log, restartable=not permanent)
             signals.stop.set()
         finally:
             self.failing_since = None  # a lane that ended makes no progress to wait for

@@ -245,12 +245,8 @@ class PipelineLeader:
             self._log.info("pipeline.stopped", reason=str(exc) or type(exc).__name__)
             self._set_stopped()
         except Exception as exc:
-            status = self.status
-            status.error = f"{type(exc).__name__}: {exc}"
-            status.restartable = not isinstance(exc, (DecodeError, SchemaChangeError, LayoutError))
-            status.enter(
-                PipelineState.FAILED, self._log, error=status.error, restartable=status.restartable
-            )
+            permanent = isinstance(exc, (DecodeError, SchemaChangeError, LayoutError))
+            self.status.fail(exc, self._log, restartable=not permanent)
         finally:
             self._signals.beats_end()
             self._signals.stop.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections import deque
@@ -35,6 +36,17 @@ class PipelineStopped(Exception):  # noqa: N818 - a control-flow signal, not an 
 
 
 RECENT_FLUSHES = 10  # the committed blocks status keeps, newest last
+# errno values of a disk that fails writes whoever asks: full, read-only, broken, over quota.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT})
+
+
+def local_disk_fault(exc: BaseException) -> bool:
+    """True if `exc` is this node's file system failing (a path it cannot create, open or
+    write: a `data_dir` under a regular file, no permission, a full or read-only disk):
+    restarting here fails the same way, another node would not."""
+    if not isinstance(exc, OSError):
+        return False
+    return exc.filename is not None or exc.errno in _DISK_ERRNOS
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,21 @@ class PipelineStatus:
     # False when a restart would fail the same way: a bad message with `on_error = "fail"`
     # waits for ops (as a failed Kafka Connect task does), it is not retried.
     restartable: bool = True
+    # True when it failed on this node's own disk: the shard should move to another node.
+    local_fault: bool = False
+
+    def fail(self, exc: BaseException, log: Any, *, restartable: bool) -> None:
+        """Record `exc` as the reason the pipeline failed, and enter `failed`."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.restartable = restartable
+        self.local_fault = local_disk_fault(exc)
+        self.enter(
+            PipelineState.FAILED,
+            log,
+            error=self.error,
+            restartable=restartable,
+            local_fault=self.local_fault,
+        )
 
     def enter(self, state: PipelineState, log: Any, **fields: object) -> None:
         """Move to `state` and log `pipeline.<state>` (every change of state is logged).

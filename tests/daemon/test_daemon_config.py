@@ -434,3 +434,39 @@ def test_config_check_command_names_every_bad_key_and_passes_a_good_file(tmp_pat
     missing = config_check(tmp_path / "missing.toml")
     assert missing.returncode == 1
     assert "cannot read the file: No such file or directory" in missing.stderr
+
+
+def test_a_data_dir_that_is_not_a_writable_directory_stops_check_and_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a regular file")
+    text = textwrap.dedent(GOOD).replace(
+        'data_dir = "/tmp/hakafka-data"', f'data_dir = "{blocker}/data"'
+    )
+    bad = write(tmp_path, text)
+    failed = config_check(bad)
+    assert failed.returncode == 1 and failed.stdout == "", failed
+    assert failed.stderr.splitlines() == [
+        f"hakafka: invalid configuration {bad}:",
+        f"  - data_dir: {blocker}/data cannot be created: {blocker} is not a directory",
+    ]
+    # `run` refuses it before it touches anything (ZooKeeper is not even reachable here).
+    script = Path(sys.executable).with_name("hakafka")
+    run = subprocess.run(
+        [str(script), "run", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 1, run
+    assert f"data_dir: {blocker}/data cannot be created: {blocker} is not a directory" in (
+        run.stderr
+    )
+    assert not (blocker.parent / "data").exists()
+
+    (tmp_path / "file").write_text("")
+    text = textwrap.dedent(GOOD).replace(
+        'data_dir = "/tmp/hakafka-data"', f'data_dir = "{tmp_path / "file"}"'
+    )
+    failed = config_check(write(tmp_path, text))
+    assert f"data_dir: {tmp_path / 'file'} is not a directory" in failed.stderr

@@ -5,9 +5,10 @@ consume again when it ends."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,7 +25,7 @@ from hakafka.coordination import (
     Resumed,
     Suspended,
 )
-from hakafka.daemon.shard import ShardRunner, restart_delay
+from hakafka.daemon.shard import HandoverPolicy, ShardRunner, restart_delay
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineState
 from tests.pipeline.fakes import Harness, Topic, pipeline_config, wait_for
@@ -59,8 +60,23 @@ class StandInReshard:
 
 @dataclass
 class StandInCoordinator:
+    """The drained reports, and the election as a list of the nodes standing in it."""
+
     node_id: str
     reshard: StandInReshard
+    standing: list[str] = field(default_factory=list)
+    left: list[int] = field(default_factory=list)
+
+    def candidates(self, _shard: int) -> list[str]:
+        return list(self.standing)
+
+    def leave(self, shard: int) -> None:
+        self.left.append(shard)
+        self.standing.remove(self.node_id)
+
+    def join(self, _shard: int, on_change: Any = None) -> Any:
+        self.standing.append(self.node_id)
+        return StandInLeadership(state=LeadershipState.FOLLOWER)
 
 
 @pytest.fixture
@@ -188,3 +204,64 @@ def test_a_reshard_that_starts_while_the_term_is_suspended_drains_once_resumed(
     shard.stop(0.0)
     for p in made:
         p.stop(0.0)
+
+
+def _standing_leader(shard: ShardRunner, others: list[str]) -> StandInCoordinator:
+    """`shard` stands and leads, with `others` standing behind it."""
+    coordinator = cast(StandInCoordinator, shard._coordinator)
+    coordinator.standing = [coordinator.node_id, *others]
+    shard.standing = True
+    shard._wanted = dataclasses.replace(shard._wanted, stand=True)
+    return coordinator
+
+
+def test_a_leader_whose_disk_fails_hands_the_shard_over_and_stands_again_after_a_cooldown(
+    runner: tuple[ShardRunner, Harness], tmp_path: Path
+) -> None:
+    shard, h = runner
+    shard._handover = HandoverPolicy(cooldown_s=2.0)
+    (tmp_path / "disk").write_text("a regular file where the data directory should be")
+    h.wal_dir_name = "disk/wal"
+    shard._make_pipelines = lambda _l, _only, drain: [h.leader(drain=drain)]
+    coordinator = _standing_leader(shard, ["n2"])
+    shard._thread.start()
+    shard._events.put(BecameLeader(epoch=1, token=1))
+
+    wait_for(lambda: coordinator.left == [0], "the failing leader to leave the election")
+    assert not shard.pipelines and not shard.standing and coordinator.standing == ["n2"]
+    assert shard.cooldown is not None
+    assert "failed on this node's disk: NotADirectoryError" in shard.cooldown.reason
+    assert str(tmp_path / "disk") in shard.cooldown.reason
+    time.sleep(1.0)
+    assert coordinator.standing == ["n2"], "stood again before the cool-down ended"
+    wait_for(lambda: coordinator.standing == ["n2", "n1"], "standing again after the cool-down")
+    assert shard.cooldown is None and shard.standing
+
+
+def test_a_leader_failing_again_and_again_hands_over_but_the_last_candidate_keeps_trying(
+    runner: tuple[ShardRunner, Harness],
+) -> None:
+    shard, h = runner
+    shard._handover = HandoverPolicy(failures=2, cooldown_s=60.0)
+    # An abandoned instance holds the buffer's names: every pipeline fails to start.
+    held = MemoryTable("events", h.leader().buffer.rows.schema, 1 << 20)
+    h.catalog.add(held, 0)
+    coordinator = _standing_leader(shard, [])
+    shard._thread.start()
+    shard._events.put(BecameLeader(epoch=1, token=1))
+    # Alone in the election: it keeps the shard and restarts (after 1 s, then 2 s).
+    wait_for(
+        lambda: bool(shard.pipelines) and shard.pipelines[0].status.restarts >= 2,
+        "two restarts",
+        timeout=restart_delay(1) + restart_delay(2) + 10,
+    )
+    assert coordinator.left == [] and shard.standing
+    coordinator.standing.append("n2")  # a healthy replica stands now: the next failure moves
+    wait_for(
+        lambda: coordinator.left == [0],
+        "the hand-over",
+        timeout=restart_delay(3) + 10,
+    )
+    assert shard.cooldown is not None
+    assert "failed 3 times in 300 s, last: could not start" in shard.cooldown.reason
+    assert shard.healthy()  # a follower again: nothing of this shard runs here
