@@ -36,11 +36,13 @@ _FLIGHT_SCHEMES = frozenset({"grpc", "grpc+tcp", "grpc+tls"})
 
 class QueryFailedError(Exception):
     """The server answered a query with an error; ``status`` is the HTTP status (None for
-    Flight) and the message is the server's."""
+    Flight) and the message is the server's. ``unavailable``: no server answered at all
+    (connection refused or dropped), so another may."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *, unavailable: bool = False):
         super().__init__(message)
         self.status = status
+        self.unavailable = unavailable
 
 
 class RedirectRefusedError(OSError):
@@ -152,7 +154,10 @@ def _query_flight(
             return client.do_get(fl.Ticket(sql.encode()), options=options).read_all()
         except (fl.FlightError, pa.ArrowException) as exc:
             # gRPC appends ". Detail: <status>. gRPC client debug context: ..." to the message.
-            raise QueryFailedError(str(exc).split(". Detail: ")[0]) from exc
+            raise QueryFailedError(
+                str(exc).split(". Detail: ")[0],
+                unavailable=isinstance(exc, fl.FlightUnavailableError),
+            ) from exc
 
 
 def _query_http(

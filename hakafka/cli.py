@@ -199,15 +199,20 @@ def _query(args: argparse.Namespace) -> int:
     shards = (
         [check_shard(config, args.shard)] if args.shard is not None else range(config.shard_count)
     )
+    wait = args.wait if args.wait is not None else config.zookeeper.session_timeout + 2.0
     with connect(config) as coordinator:
-        table = query_shards(
+        answer = query_shards(
             coordinator,
             list(shards),
             args.sql,
             token=config.server.token.value or None,
             tls=client_tls(config),
+            wait_s=wait,
+            partial=args.partial,
         )
-    sys.stdout.buffer.write(render(table, "json" if args.json else args.format))
+    for shard, why in answer.skipped.items():
+        print(f"hakafka: skipped shard {shard}: {why}", file=sys.stderr)
+    sys.stdout.buffer.write(render(answer.table, "json" if args.json else args.format))
     sys.stdout.flush()
     return EXIT_OK
 
@@ -433,6 +438,18 @@ def _add_ops_commands(commands: Any) -> None:
     query.add_argument("--shard", type=int, help="only this shard")
     query.add_argument("--format", choices=FORMATS, default="table", help="output format")
     query.add_argument("--json", action="store_true", help="same as --format json")
+    query.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="how long to wait for a shard's next leader when it has none or its leader does "
+        "not answer (default: zookeeper.session_timeout + 2)",
+    )
+    query.add_argument(
+        "--partial",
+        action="store_true",
+        help="answer from the shards whose leader answers; name the skipped ones on stderr",
+    )
     query.set_defaults(handler=_query)
 
     _add_pipeline_commands(commands)

@@ -47,6 +47,7 @@ class Metrics:
     flush_seconds: Histogram
     checkpoint_lag: Gauge
     stalled: Gauge
+    pipeline_state: Gauge
     kafka_lag: Gauge
     leader: Gauge
     epoch: Gauge
@@ -139,6 +140,15 @@ class Metrics:
                 "Seconds a leading pipeline has made no progress (a hung thread, flushes "
                 "failing, or consumption paused with no flush committing); stuck at stuck_after",
                 p,
+                registry=reg,
+            ),
+            pipeline_state=Gauge(
+                "hakafka_pipeline_state",
+                "1 for the state a pipeline of a led shard is in (one series per pipeline): "
+                "starting, recovering, consuming, draining, drained, failed, stopped, paused "
+                "(by ops), or what it waits for (suspended, kafka_unreachable, "
+                "waiting_for_topic, registry_unavailable, retrying_clickhouse, buffer_full)",
+                [*p, "state"],
                 registry=reg,
             ),
             kafka_lag=Gauge(

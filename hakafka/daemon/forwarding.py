@@ -6,6 +6,10 @@ call header). The node receiving one never forwards it again: it answers when it
 shard, else refuses naming the shard and both nodes. A leader whose registered Flight
 address is this node's own (two hosts both advertising loopback) is refused too, so a query
 never loops back into the node that sent it.
+
+Across a failover the shard's `leader` may name a node that died (until its session
+expires) or have no one: the query waits for the next leader (`ask_leader`, up to
+`wait_s`, the session timeout + 2 s by default), and is answered here if that is this node.
 """
 
 from __future__ import annotations
@@ -16,17 +20,26 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from buffer.client import FORWARDED_BY
+from buffer.client import FORWARDED_BY, QueryFailedError
 from buffer.client import query as remote_query
 from buffer.sql import QueryError, shard_of
 from buffer.tls import ClientTls
 from hakafka.coordination import LeaderInfo, NodeInfo
+from hakafka.coordination.leader_wait import LeaderUnavailableError, ask_leader
 
 FORWARD_TIMEOUT_S = 60.0
 
 
 class ForwardingError(RuntimeError):
     """The query cannot be forwarded; the text names the shard, the nodes and why."""
+
+
+class _NotYetError(Exception):
+    """The shard's leader cannot be asked yet (elected, not registered or not leading)."""
+
+
+def _unanswered(exc: Exception) -> bool:
+    return isinstance(exc, _NotYetError) or (isinstance(exc, QueryFailedError) and exc.unavailable)
 
 
 class Directory(Protocol):
@@ -55,6 +68,8 @@ class Forwarder:
     leading: Callable[[], list[int]]
     token: str | None = field(repr=False)
     tls: ClientTls | None
+    wait_s: float
+    """How long to wait for the shard's next leader when it has none or it does not answer."""
     timeout_s: float = FORWARD_TIMEOUT_S
 
     def __call__(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
@@ -75,14 +90,27 @@ class Forwarder:
                 f"shard {shard}: forwarded by {sender} to {me}, which does not lead it; "
                 "a forwarded query is not forwarded again"
             )
-        leader = self.directory.leader_of(shard)
-        if leader is None:
-            raise ForwardingError(f"shard {shard} has no leader right now")
+        try:
+            return ask_leader(
+                shard,
+                self.directory.leader_of,
+                lambda leader: self._ask(leader, shard, sql),
+                wait_s=self.wait_s,
+                unavailable=_unanswered,
+            )
+        except LeaderUnavailableError as exc:
+            raise ForwardingError(str(exc)) from None
+
+    def _ask(self, leader: LeaderInfo, shard: int, sql: str) -> pa.Table | None:
+        """The answer of `leader` (None: this node leads the shard now: answer here)."""
+        me = self.directory.node_id
+        if shard in self.leading():
+            return None
         if leader.node == me:
-            raise ForwardingError(f"shard {shard}: {me} won its election but leads it not yet")
+            raise _NotYetError(f"{me} won its election but leads it not yet")
         endpoints = self.directory.nodes().get(leader.node)
         if endpoints is None:
-            raise ForwardingError(f"shard {shard}: its leader {leader.node} is not registered")
+            raise _NotYetError(f"{leader.node} is not registered")
         if endpoints.flight == self.directory.endpoints.flight:
             raise ForwardingError(
                 f"shard {shard}: its leader {leader.node} registered {endpoints.flight}, the "

@@ -187,6 +187,7 @@ class Daemon:
             lambda: [r.shard for r in self.runners if r.leading],
             token,
             client_tls(config),
+            wait_s=config.zookeeper.session_timeout + 2.0,
         )
         self.pipelines = pipelines = PipelineFactory(
             config,
@@ -341,7 +342,13 @@ class Daemon:
 
     def healthy(self) -> bool:
         """Connected to ZooKeeper and no pipeline of a led shard has failed or is stuck."""
-        return self.coordinator.connected and all(r.healthy() for r in self.runners)
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        """Why this node is not ready, one line each; [] when it is."""
+        now = time.monotonic()
+        found = [] if self.coordinator.connected else ["ZooKeeper is not connected"]
+        return found + [line for r in self.runners for line in r.problems(now)]
 
     def _status_line(self) -> str:
         if self.guard.drift:
@@ -359,11 +366,16 @@ class Daemon:
         self.metrics.kafka_lag.clear()
         self.metrics.checkpoint_lag.clear()
         self.metrics.stalled.clear()
+        self.metrics.pipeline_state.clear()
         now = time.monotonic()
         for runner in self.runners:
+            if runner.leading:
+                for name in runner.paused:
+                    self.metrics.pipeline_state.labels(name, str(runner.shard), "paused").set(1)
             for p in runner.pipelines:
                 labels = {"pipeline": p.config.name, "shard": str(runner.shard)}
                 self.metrics.stalled.labels(**labels).set(round(p.stalled_for(now), 1))
+                self.metrics.pipeline_state.labels(**labels, state=p.state_name()).set(1)
                 positions = p.positions()
                 checkpoint = p.status.checkpoint
                 for partition, behind in p.lag().items():
@@ -375,8 +387,10 @@ class Daemon:
                     )
 
     def _ready_route(self) -> tuple[int, str, bytes]:
-        ready = self.healthy()
-        return (200, "text/plain", b"ready\n") if ready else (503, "text/plain", b"not ready\n")
+        problems = self.problems()
+        if not problems:
+            return 200, "text/plain", b"ready\n"
+        return 503, "text/plain", "".join(f"not ready: {p}\n" for p in problems).encode()
 
     def _status_route(self) -> tuple[int, str, bytes]:
         import json

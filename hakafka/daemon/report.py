@@ -17,7 +17,7 @@ from hakafka.pipeline import PipelineLeader
 
 
 def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
-    s = p.status
+    s, now = p.status, time.monotonic()
     stats = p.buffer.rows.stats()
     flushes = list(s.flushes)
     last = flushes[-1] if flushes else None
@@ -26,9 +26,13 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "topic": p.config.topic,
         "state": s.state,
         "error": s.error or s.flush_error or s.registry_error,
+        "waiting": [
+            {"state": w.kind, "for_s": round(now - w.since, 1), "detail": w.detail}
+            for w in s.current_waits()
+        ],
         "restarts": s.restarts,
         "restartable": s.restartable,
-        "stalled_s": round(p.stalled_for(time.monotonic()), 1),
+        "stalled_s": round(p.stalled_for(now), 1),
         "buffer_rows": p.buffer.rows.row_count,
         "buffer_bytes": p.buffer.nbytes,
         "buffer_limit_bytes": p.buffer.limit_bytes,

@@ -242,13 +242,26 @@ class ShardRunner:
 
     def healthy(self) -> bool:
         """False if the shard's event thread died or a pipeline failed, stopped or is stuck
-        (a thread of it made no step for `stuck_after_s`) while leading."""
-        now = time.monotonic()
-        return self._thread.is_alive() and all(
-            (p.status.state.live or p.status.state is PipelineState.DRAINED)
-            and p.stalled_for(now) < self._stuck_after
-            for p in self.pipelines
-        )
+        while leading (see `problems`)."""
+        return not self.problems(time.monotonic())
+
+    def problems(self, now: float) -> list[str]:
+        """Why this shard makes the node not ready, one line each ([] when it is ready): its
+        event thread died, or a pipeline of its term failed, stopped, or made no progress for
+        `stuck_after_s` (a hung thread, or a wait: suspended, Kafka or the topic missing,
+        the registry away, ClickHouse failing, the buffer full)."""
+        found = [] if self._thread.is_alive() else [f"shard {self.shard}: its event thread died"]
+        for p in self.pipelines:
+            where, state = f"shard {self.shard} pipeline {p.config.name}", p.status.state
+            if not (state.live or state is PipelineState.DRAINED):
+                error = p.status.error
+                found.append(f"{where}: {state}" + (f": {error}" if error else ""))
+            elif (stalled := p.stalled_for(now)) >= self._stuck_after:
+                found.append(
+                    f"{where}: no progress for {stalled:.0f} s (bound {self._stuck_after:.0f} s):"
+                    f" {p.stall_reason(now)}"
+                )
+        return found
 
     def _loop(self) -> None:
         while True:
@@ -453,6 +466,7 @@ class ShardRunner:
                     "pipeline.stuck",
                     pipeline=name,
                     stalled_s=round(stalled, 1),
+                    reason=p.stall_reason(now),
                     error=p.status.error,
                     hint="SIGUSR1 dumps every thread's stack to stderr",
                 )

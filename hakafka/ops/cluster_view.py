@@ -29,8 +29,9 @@ from spark_bridge.cluster import Cluster, ShardReplicas
 @dataclass(frozen=True)
 class LeaderBuffers:
     """`spark_bridge.LiveBuffer` of one pipeline: its shard leaders' buffers over Flight (as
-    `hakafka query` asks them: every shard answers or the read fails naming it) and its
-    checkpoint in ZooKeeper, each read anew at every call."""
+    `hakafka query` asks them: every shard answers, its next leader within the session
+    timeout + 2 s, or the read fails naming it) and its checkpoint in ZooKeeper, each read
+    anew at every call."""
 
     config: Config
     pipeline: PipelineConfig
@@ -44,7 +45,8 @@ class LeaderBuffers:
                 f'SELECT * FROM "{name}"',
                 token=self.config.server.token.value or None,
                 tls=client_tls(self.config),
-            )
+                wait_s=self.config.zookeeper.session_timeout + 2.0,
+            ).table
 
     def checkpoint(self) -> dict[int, int]:
         """Partition -> next offset, merged over the shards (a partition's checkpoint lives in

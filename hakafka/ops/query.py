@@ -13,34 +13,21 @@ from buffer.client import PlainTextRefusedError, QueryFailedError
 from buffer.client import query as remote_query
 from buffer.formats import json_document
 from buffer.tls import ClientTls
-from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.coordination import Coordinator, LeaderInfo
+from hakafka.coordination.leader_wait import LeaderUnavailableError, ask_leader
 from hakafka.ops.cluster import OpsError, format_table
 
 
 @dataclass(frozen=True)
-class ShardLeader:
-    """A shard's leader as ZooKeeper names it, with its registered endpoints."""
+class Answer:
+    """The shards' rows in shard order, and the shards left out (`--partial`) with why."""
 
-    node: str
-    endpoints: NodeInfo
+    table: pa.Table
+    skipped: dict[int, str]
 
 
-def leaders(coordinator: Coordinator, shards: Sequence[int]) -> dict[int, ShardLeader]:
-    """Shard -> its leader, for every shard of `shards`; an OpsError naming the first shard
-    that has no leader or whose leader is not registered."""
-    registered = coordinator.nodes()
-    found: dict[int, ShardLeader] = {}
-    for shard in shards:
-        leader = coordinator.leader_of(shard)
-        if leader is None:
-            raise OpsError(
-                f"shard {shard} has no leader right now; try again or see `hakafka status`"
-            )
-        endpoints = registered.get(leader.node)
-        if endpoints is None:
-            raise OpsError(f"shard {shard}: its leader {leader.node} is not registered")
-        found[shard] = ShardLeader(leader.node, endpoints)
-    return found
+class _NotRegisteredError(Exception):
+    """The leader's `nodes/<node>` is gone: it died and its session ended."""
 
 
 def query_shards(
@@ -50,24 +37,56 @@ def query_shards(
     *,
     token: str | None,
     tls: ClientTls | None,
-) -> pa.Table:
+    wait_s: float,
+    partial: bool = False,
+) -> Answer:
     """`sql` run for each of `shards` by its leader over that shard's buffers only (the
     `shard` parameter), results concatenated in shard order: an aggregate yields one row per
     shard, and a node leading several shards is asked once for each, so nothing is counted
-    twice. Every shard answers or the whole query fails: a shard without a leader, whose
-    leader is not registered, cannot be reached or refuses (its error, e.g. bad SQL) is an
-    OpsError naming the shard, never a shard left out. Leaders are asked at their registered
-    Flight URL, verified per `tls` (with it, a plain-text URL is an OpsError)."""
-    tables = []
-    for shard, leader in leaders(coordinator, shards).items():
-        url = leader.endpoints.flight
+    twice. Leaders are asked at their registered Flight URL, verified per `tls` (with it, a
+    plain-text URL is an OpsError).
+
+    A shard without a leader, or whose leader does not answer (killed, its `leader` znode
+    not yet expired), is waited for: `leader` is read again until the next leader answers,
+    up to `wait_s`. Then the query fails with an OpsError naming the shard, or with
+    `partial` the shard is left out and named in `skipped`. A leader that answers with an
+    error (bad SQL) fails the query at once, naming the shard."""
+    tables, skipped = [], {}
+    for shard in shards:
+
+        def ask(leader: LeaderInfo, shard: int = shard) -> pa.Table:
+            endpoints = coordinator.nodes().get(leader.node)
+            if endpoints is None:
+                raise _NotRegisteredError(f"{leader.node} is not registered")
+            url = endpoints.flight
+            try:
+                return remote_query(url, sql, token, tls=tls, shard=shard)
+            except PlainTextRefusedError as exc:  # its text names the URL
+                raise OpsError(f"shard {shard}: its leader {leader.node}: {exc}") from None
+            except QueryFailedError as exc:
+                if exc.unavailable:
+                    raise
+                raise OpsError(f"shard {shard}: its leader {leader.node} at {url}: {exc}") from None
+
         try:
-            tables.append(remote_query(url, sql, token, tls=tls, shard=shard))
-        except PlainTextRefusedError as exc:  # its text names the URL
-            raise OpsError(f"shard {shard}: its leader {leader.node}: {exc}") from None
-        except QueryFailedError as exc:
-            raise OpsError(f"shard {shard}: its leader {leader.node} at {url}: {exc}") from None
-    return pa.concat_tables(tables, promote_options="default")
+            tables.append(
+                ask_leader(
+                    shard, coordinator.leader_of, ask, wait_s=wait_s, unavailable=_unanswered
+                )
+            )
+        except LeaderUnavailableError as exc:
+            if not partial:
+                raise OpsError(f"{exc}; see `hakafka status`") from None
+            skipped[shard] = str(exc)
+    if not tables:
+        raise OpsError("no shard answered: " + "; ".join(skipped.values()))
+    return Answer(pa.concat_tables(tables, promote_options="default"), skipped)
+
+
+def _unanswered(exc: Exception) -> bool:
+    return isinstance(exc, _NotRegisteredError) or (
+        isinstance(exc, QueryFailedError) and exc.unavailable
+    )
 
 
 def render(table: pa.Table, fmt: str) -> bytes:

@@ -15,7 +15,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
     """`shards` (leader, epoch, since, status), `pipelines` (per shard, from its leader's
     view: state, lag per partition, buffer, last flush, pending intent), `nodes` (alive,
     endpoints, replacing) and `healthy`: every shard has a consuming leader whose pipelines
-    all consume or are paused by ops."""
+    all consume (waiting for nothing but a flush) or are paused by ops."""
     token = config.server.token.value or None
     tls = client_tls(config)
     registered = coordinator.nodes()
@@ -64,8 +64,10 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
             }
         )
     healthy = all(s["status"] == "consuming" for s in shards) and all(
-        p["state"] in ("consuming", "paused")
-        for p in pipelines  # a pause is an ops decision
+        p["state"] in ("consuming", "paused")  # a pause is an ops decision
+        # A consuming pipeline that waits moves no data (a full buffer is normal under load).
+        and all(w["state"] == "buffer_full" for w in p.get("waiting", []))
+        for p in pipelines
     )
     return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
 
@@ -106,6 +108,7 @@ def _pipelines_of(
                     "pipeline": p["name"],
                     "state": p["state"],
                     "error": p["error"],
+                    "waiting": p.get("waiting", []),
                     "lag": {int(k): v for k, v in p["lag"].items()},
                     "buffer_rows": p["buffer_rows"],
                     "buffer_bytes": p["buffer_bytes"],
@@ -124,11 +127,15 @@ def _pipelines_of(
 
 
 def state_text(p: dict[str, Any]) -> str:
-    """`consuming`, `consuming, re-flushing pending <block>`, `failed: <error>`."""
+    """`consuming`, `consuming, re-flushing pending <block>`, `failed: <error>`,
+    `consuming, waiting_for_topic for 35 s: topic clicks does not exist`."""
     text = str(p["state"])
     if p.get("reflushing"):
         text += f", re-flushing pending {p.get('pending_block')}"
-    return f"{text}: {p['error']}" if p.get("error") else text
+    waits = p.get("waiting") or []
+    for wait in waits:
+        text += f", {wait['state']} for {wait['for_s']:.0f} s: {wait['detail']}"
+    return f"{text}: {p['error']}" if p.get("error") and not waits else text
 
 
 def render(status: dict[str, Any]) -> str:

@@ -24,13 +24,14 @@ from hakafka.consumer.registry import RegistryUnavailableError
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import ConsumedMessage, Consumer, Wal
-from hakafka.pipeline.state import PipelineStopped, Signals
+from hakafka.pipeline.state import PipelineStopped, Signals, Waiting
 from hakafka.pipeline.walcodec import WalBatch, encode
 from wal import FsyncPolicy
 
 CONSUME_BATCH = 10_000
 POLL_TIMEOUT_S = 0.2
 REFRESH_PARTITIONS_S = 30.0
+TOPIC_RECHECK_S = 5.0  # how often a pipeline waiting for its topic looks for it
 # After a metadata error, or while a partition with a known start offset is missing from
 # metadata: retry after 0.5 s, doubling up to the refresh interval.
 METADATA_RETRY_S = 0.5
@@ -55,8 +56,6 @@ class ConsumeLane:
     # Published by the consume thread: the Kafka client must not be called from others.
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
-    paused_since: float | None = None  # monotonic time the buffer limit paused the consumer
-    registry_since: float | None = None  # monotonic time the schema registry went away
     _starts: dict[int, int] = field(default_factory=dict)  # every start offset known at assign
     # Per partition, the next offset no WAL record covers yet (where the next record begins).
     _recorded: dict[int, int] = field(default_factory=dict)
@@ -78,6 +77,7 @@ class ConsumeLane:
                 attempt += 1
                 delay = self._metadata_retry("assign", exc, attempt)
                 _sleep_beating(self.lane.signals, delay, "retrying Kafka metadata")
+        self._metadata_answered(consumer)
         self._recorded = consumer.position()
         self.lane.log.info(
             "consumer.assigned",
@@ -87,21 +87,42 @@ class ConsumeLane:
         )
 
     def _metadata_retry(self, what: str, exc: KafkaMetadataError, attempt: int) -> float:
-        """Log a metadata error; returns the seconds to wait before retry `attempt`."""
+        """Log a metadata error (the pipeline waits for Kafka); returns the seconds to wait
+        before retry `attempt`."""
+        self.lane.status.wait(Waiting.KAFKA_UNREACHABLE, f"Kafka unreachable: {exc}"[:500])
         delay = retry_delay(attempt)
         self.lane.log.warning(
             "consumer.metadata_retry", what=what, error=str(exc), attempt=attempt, backoff_s=delay
         )
         return delay
 
+    def _metadata_answered(self, consumer: Consumer) -> bool:
+        """Kafka answered metadata: end that wait; wait for the topic while it does not exist
+        (a partition-less assignment of an existing topic is an idle shard, not a wait).
+        True while the topic is missing."""
+        status, topic = self.lane.status, self.lane.config.topic
+        if status.done_waiting(Waiting.KAFKA_UNREACHABLE) is not None:
+            self.lane.log.info("consumer.kafka_reachable")
+        missing = not consumer.position() and not consumer.topic_partitions()
+        if not missing:
+            if status.done_waiting(Waiting.TOPIC_MISSING) is not None:
+                self.lane.log.info("consumer.topic_found", topic=topic)
+        elif status.wait(Waiting.TOPIC_MISSING, f"topic {topic} does not exist"):
+            self.lane.log.error("consumer.topic_missing", topic=topic)
+        return missing
+
     def _refresh(self, consumer: Consumer) -> float:
         """Assign partitions that appeared; returns seconds until the next refresh: the
-        interval, or a backoff while metadata fails or a known partition is still missing."""
+        interval, or a backoff while metadata fails, the topic is missing or a known
+        partition is still missing."""
         try:
             added = consumer.refresh_partitions()
+            topic_missing = self._metadata_answered(consumer)
         except KafkaMetadataError as exc:
             self._refresh_failures += 1
             return self._metadata_retry("refresh", exc, self._refresh_failures)
+        if topic_missing:
+            return TOPIC_RECHECK_S
         positions = consumer.position()
         for partition in added:
             self._recorded.setdefault(partition, positions[partition])
@@ -193,9 +214,7 @@ class ConsumeLane:
                     decoded = self.decoder.decode(messages)
                 except RegistryUnavailableError as exc:
                     attempt += 1
-                    if self.registry_since is None:
-                        self.registry_since = time.monotonic()
-                    lane.status.registry_error = str(exc)[:500]
+                    lane.status.wait(Waiting.REGISTRY_UNAVAILABLE, str(exc)[:500])
                     lane.log.warning(
                         "decode.registry_retry", error=str(exc), attempt=attempt, backoff_s=delay
                     )
@@ -206,7 +225,7 @@ class ConsumeLane:
                     lane.log.info("decode.registry_recovered", attempts=attempt + 1)
                 return decoded
         finally:
-            self.registry_since, lane.status.registry_error = None, None
+            lane.status.done_waiting(Waiting.REGISTRY_UNAVAILABLE)
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append to the buffer (the gauges follow); at its limit pause the partitions and
@@ -221,7 +240,12 @@ class ConsumeLane:
                     return
                 except BufferFull as exc:
                     if not paused:
-                        paused, self.paused_since = True, time.monotonic()
+                        paused = True
+                        lane.status.wait(
+                            Waiting.BUFFER_FULL,
+                            f"{exc.nbytes} bytes buffered of {exc.limit_bytes}, "
+                            "consumption paused until a flush commits",
+                        )
                         if self.consumer is not None:
                             self.consumer.pause()
                         lane.meters.backpressure(True)
@@ -234,7 +258,7 @@ class ConsumeLane:
                     self._wait_commit(seen)
         finally:
             if paused:
-                self.paused_since = None
+                lane.status.done_waiting(Waiting.BUFFER_FULL)
                 if self.consumer is not None:
                     self.consumer.resume()
                 lane.meters.backpressure(False)

@@ -29,7 +29,7 @@ from hakafka.pipeline.blockplan import (
 from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
-from hakafka.pipeline.state import Flush, PipelineStopped
+from hakafka.pipeline.state import Flush, PipelineStopped, Waiting
 from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
 FLUSH_CHECK_S = 0.05
@@ -67,7 +67,6 @@ class FlushLane:
     wal: Wal | None = None
     checkpoint: dict[int, int] = field(default_factory=dict)
     pending: PendingReflush | None = None
-    failing_since: float | None = None  # monotonic time of the first failed attempt in a row
     drained: bool = False  # set once a draining pipeline committed everything it held
     mirror: OffsetsMirror | None = None  # this term's, built when the thread starts
 
@@ -115,7 +114,8 @@ class FlushLane:
             lane.status.fail(exc, lane.log, restartable=not permanent)
             signals.stop.set()
         finally:
-            self.failing_since = None  # a lane that ended makes no progress to wait for
+            # A lane that ended makes no progress to wait for.
+            lane.status.done_waiting(Waiting.RETRYING_CLICKHOUSE)
             signals.beats_end()
             if self.mirror is not None:
                 self.mirror.close()
@@ -261,12 +261,10 @@ class FlushLane:
             ):
                 raise  # not ClickHouse or Kafka being away: retrying cannot help
             except Exception as exc:
-                if self.failing_since is None:
-                    self.failing_since = time.monotonic()
                 error = f"{type(exc).__name__}: {exc}"[:500]
                 # Shown by `status` while it lasts; the shard reports the pipeline stuck once
                 # it lasts `stuck_after` (the retries go on).
-                self.lane.status.flush_error = f"{what} failing: {error}"
+                self.lane.status.wait(Waiting.RETRYING_CLICKHOUSE, f"{what} failing: {error}")
                 self.lane.meters.flush_failed()
                 self.lane.log.warning(
                     f"{what}.retry",
@@ -279,8 +277,7 @@ class FlushLane:
                     raise PipelineStopped(f"stopped while retrying ({what})") from None
                 delay = min(delay * 2, BACKOFF_MAX_S)
             else:
-                if self.failing_since is not None:
-                    self.failing_since, self.lane.status.flush_error = None, None
+                if self.lane.status.done_waiting(Waiting.RETRYING_CLICKHOUSE) is not None:
                     self.lane.log.info(f"{what}.recovered", attempts=attempt)
                 return result
 

@@ -56,7 +56,14 @@ from hakafka.pipeline.replay import (
     record_ranges,
     select_rows,
 )
-from hakafka.pipeline.state import PipelineState, PipelineStatus, PipelineStopped, Signals
+from hakafka.pipeline.state import (
+    PipelineState,
+    PipelineStatus,
+    PipelineStopped,
+    Signals,
+    Wait,
+    Waiting,
+)
 from hakafka.pipeline.walcodec import SchemaChangeError, SchemaConverter, WalBatch
 from hakafka.settings import thresholds_of
 
@@ -164,11 +171,14 @@ class PipelineLeader:
         self._log.info("pipeline.retuned", **dataclasses.asdict(buffer))
 
     def suspend(self) -> None:
-        """Stop side effects at once (ZooKeeper connection lost); state is kept."""
+        """Stop side effects at once (ZooKeeper connection lost); state is kept, and the
+        time suspended counts as no progress."""
         self._signals.gate.clear()
+        self.status.wait(Waiting.SUSPENDED, "ZooKeeper connection lost: side effects held")
         self._log.warning("pipeline.suspended")
 
     def resume(self) -> None:
+        self.status.done_waiting(Waiting.SUSPENDED)
         self._signals.gate.set()
         self._log.info("pipeline.resumed")
 
@@ -203,17 +213,35 @@ class PipelineLeader:
 
     def stalled_for(self, now: float) -> float:
         """Seconds without progress: since the least recent step of a running thread (a hung
-        call), since the first of the flush attempts failing in a row, since the schema
-        registry went away, or since the consumer paused at the buffer limit with no flush
-        committed after. 0 when all goes on."""
-        stalls = [self._signals.stalled_for(now)]
-        if (failing := self._flush.failing_since) is not None:
-            stalls.append(now - failing)
-        if (paused := self._consume.paused_since) is not None:
-            stalls.append(now - max(paused, self._signals.committed_at))
-        if (waiting := self._consume.registry_since) is not None:
-            stalls.append(now - waiting)
-        return max(0.0, *stalls)
+        call), or since the oldest wait began (`status.waits`: suspended, Kafka or the
+        topic missing, the schema registry away, flushes failing in a row, or the consumer
+        paused at the buffer limit with no flush committed after). 0 when all goes on."""
+        return max(0.0, self._signals.stalled_for(now), *self._waited(now).values())
+
+    def state_name(self) -> str:
+        """The state `hakafka_pipeline_state` shows: what a live pipeline waits for longest,
+        else its `PipelineState`."""
+        waits = self.status.current_waits()
+        return waits[0].kind.value if waits and self.status.state.live else self.status.state
+
+    def stall_reason(self, now: float) -> str:
+        """What `stalled_for` measures, in words: the longest wait, or a hung thread."""
+        waited = self._waited(now)
+        hung = self._signals.stalled_for(now)
+        longest = max(waited, key=lambda w: waited[w], default=None)
+        if longest is not None and waited[longest] >= hung:
+            return longest.describe(now)
+        return f"a thread made no step for {hung:.0f} s (a hung call: SIGUSR1 dumps the stacks)"
+
+    def _waited(self, now: float) -> dict[Wait, float]:
+        """Each wait in progress and the seconds it counts as no progress."""
+        waited = {}
+        for wait in self.status.current_waits():
+            since = wait.since
+            if wait.kind is Waiting.BUFFER_FULL:
+                since = max(since, self._signals.committed_at)  # a commit meanwhile is progress
+            waited[wait] = now - since
+        return waited
 
     def lag(self) -> dict[int, int]:
         """Messages behind the fetched high watermark per partition (as of the last poll)."""

@@ -31,6 +31,38 @@ class PipelineState(StrEnum):
         )
 
 
+class Waiting(StrEnum):
+    """Why a live pipeline moves no data right now: each a named state with its age in
+    `status`, `/status` and `hakafka_pipeline_state`; past `stuck_after` the node is not
+    ready, with the wait as the reason."""
+
+    SUSPENDED = "suspended"
+    """The ZooKeeper connection is lost: side effects are held until the term is confirmed."""
+    KAFKA_UNREACHABLE = "kafka_unreachable"
+    """Topic metadata cannot be read: no broker answers (or the topic reports errors)."""
+    TOPIC_MISSING = "waiting_for_topic"
+    """The topic does not exist (a typo, or not created yet)."""
+    REGISTRY_UNAVAILABLE = "registry_unavailable"
+    """The schema registry cannot answer: the batch is decoded again once it does."""
+    RETRYING_CLICKHOUSE = "retrying_clickhouse"
+    """Flushes (or table creation) fail in a row: the block is retried."""
+    BUFFER_FULL = "buffer_full"
+    """Consumption paused at the buffer limit until a flush commits."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One wait in progress: what, since when (monotonic time), and the error or detail."""
+
+    kind: Waiting
+    since: float
+    detail: str
+
+    def describe(self, now: float) -> str:
+        """`waiting_for_topic for 35 s: topic clicks does not exist`."""
+        return f"{self.kind} for {now - self.since:.0f} s: {self.detail}"
+
+
 class PipelineStopped(Exception):  # noqa: N818 - a control-flow signal, not an error
     """The pipeline was asked to stop while waiting."""
 
@@ -68,8 +100,8 @@ class PipelineStatus:
     flushes: deque[Flush] = field(default_factory=lambda: deque(maxlen=RECENT_FLUSHES))
     pending_block: str | None = None
     reflushing: bool = False  # the block in flight is one a former leader left pending
-    flush_error: str | None = None  # while flushes (or table creation) fail in a row
-    registry_error: str | None = None  # while the schema registry cannot answer
+    # What it waits for now, by kind; each lane sets and clears its own kinds.
+    waits: dict[Waiting, Wait] = field(default_factory=dict)
     checkpoint: dict[int, int] = field(default_factory=dict)
     replayed_rows: int = 0
     refetched_rows: int = 0
@@ -79,6 +111,33 @@ class PipelineStatus:
     restartable: bool = True
     # True when it failed on this node's own disk: the shard should move to another node.
     local_fault: bool = False
+
+    def wait(self, kind: Waiting, detail: str) -> bool:
+        """Record that the pipeline waits for `kind` (keeping when it began); True if the
+        wait is new."""
+        began = self.waits.get(kind)
+        self.waits[kind] = Wait(kind, time.monotonic() if began is None else began.since, detail)
+        return began is None
+
+    def done_waiting(self, kind: Waiting) -> Wait | None:
+        """The wait for `kind` is over; returns it (None if there was none)."""
+        return self.waits.pop(kind, None)
+
+    def current_waits(self) -> list[Wait]:
+        """Every wait in progress, the longest first."""
+        return sorted(list(self.waits.values()), key=lambda w: w.since)
+
+    @property
+    def flush_error(self) -> str | None:
+        """While flushes (or table creation) fail in a row: the last error."""
+        wait = self.waits.get(Waiting.RETRYING_CLICKHOUSE)
+        return None if wait is None else wait.detail
+
+    @property
+    def registry_error(self) -> str | None:
+        """While the schema registry cannot answer: its error."""
+        wait = self.waits.get(Waiting.REGISTRY_UNAVAILABLE)
+        return None if wait is None else wait.detail
 
     def fail(self, exc: BaseException, log: Any, *, restartable: bool) -> None:
         """Record `exc` as the reason the pipeline failed, and enter `failed`."""

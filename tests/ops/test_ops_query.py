@@ -8,6 +8,8 @@ A real Flight query server stands for a node leading shards 0 and 1; what ZooKee
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import cast
@@ -30,6 +32,7 @@ COUNT = "SELECT count(*) AS n, min(_shard) AS s FROM events"
 class Directory:
     leaders: dict[int, str]
     registered: dict[str, NodeInfo] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)  # of the last `ask`
 
     def leader_of(self, shard: int) -> LeaderInfo | None:
         node = self.leaders.get(shard)
@@ -58,9 +61,15 @@ def directory() -> Iterator[Directory]:
     engine.close()
 
 
-def ask(directory: Directory, shards: list[int]) -> pa.Table:
+def ask(
+    directory: Directory, shards: list[int], wait_s: float = 0.5, partial: bool = False
+) -> pa.Table:
     coordinator = cast(Coordinator, directory)
-    return query_shards(coordinator, shards, COUNT, token=TOKEN, tls=None)
+    answer = query_shards(
+        coordinator, shards, COUNT, token=TOKEN, tls=None, wait_s=wait_s, partial=partial
+    )
+    directory.skipped = answer.skipped
+    return answer.table
 
 
 def test_a_node_leading_two_shards_is_asked_once_per_shard(directory: Directory) -> None:
@@ -68,21 +77,58 @@ def test_a_node_leading_two_shards_is_asked_once_per_shard(directory: Directory)
     assert ask(directory, [1]).to_pylist() == [{"n": 5, "s": 1}]
 
 
-def test_a_shard_without_a_reachable_leader_fails_the_query_naming_it(
+def test_a_shard_without_a_reachable_leader_fails_the_query_naming_it_after_the_wait(
     directory: Directory,
 ) -> None:
     dead = f"grpc://127.0.0.1:{free_port()}"  # nothing listens there: its node was stopped
     directory.leaders[2] = "n2"
     directory.registered["n2"] = registration(dead)
-    with pytest.raises(OpsError, match=f"^shard 2: its leader n2 at {dead}: ") as failed:
-        ask(directory, [0, 1, 2])
+    started = time.monotonic()
+    with pytest.raises(
+        OpsError, match=r"^shard 2: its leader n2 \(epoch 1\) does not answer: "
+    ) as failed:
+        ask(directory, [0, 1, 2], wait_s=1.0)
+    assert 1.0 <= time.monotonic() - started < 5.0
     assert "failed to connect" in str(failed.value).lower()
+    assert str(failed.value).endswith("no next leader answered within 1 s; see `hakafka status`")
     directory.leaders[3] = "n3"  # elected, not (or no longer) registered
-    with pytest.raises(OpsError, match=r"^shard 3: its leader n3 is not registered$"):
+    with pytest.raises(
+        OpsError, match=r"^shard 3: its leader n3 \(epoch 1\) does not answer: n3 is not registered"
+    ):
         ask(directory, [0, 3])
-    with pytest.raises(OpsError, match=r"^shard 4 has no leader right now"):
+    with pytest.raises(OpsError, match=r"^shard 4: it has no leader; no next leader answered"):
         ask(directory, [0, 1, 4])
-    # The leader's own error (here: no table of that shard) names the shard too.
+    # The leader's own error (here: no table of that shard) fails at once, naming the shard.
     directory.leaders[5] = "n1"
+    started = time.monotonic()
     with pytest.raises(OpsError, match=r"^shard 5: its leader n1 at .*events does not exist"):
-        ask(directory, [5])
+        ask(directory, [5], wait_s=30.0)
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_query_during_a_failover_waits_for_the_next_leader(directory: Directory) -> None:
+    # Shard 1's leader n2 was killed: its `leader` znode names it until its session expires,
+    # then n1 is elected. The query asks again until n1 answers.
+    directory.leaders[1] = "n2"
+    directory.registered["n2"] = registration(f"grpc://127.0.0.1:{free_port()}")
+    elect = threading.Timer(1.0, lambda: directory.leaders.__setitem__(1, "n1"))
+    elect.start()
+    try:
+        assert ask(directory, [0, 1], wait_s=10.0).to_pylist() == [
+            {"n": 3, "s": 0},
+            {"n": 5, "s": 1},
+        ]
+    finally:
+        elect.cancel()
+
+
+def test_partial_answers_from_the_shards_that_answer_and_names_the_others(
+    directory: Directory,
+) -> None:
+    directory.leaders[2] = "n2"
+    directory.registered["n2"] = registration(f"grpc://127.0.0.1:{free_port()}")
+    table = ask(directory, [0, 1, 2, 3], wait_s=0.5, partial=True)
+    assert table.to_pylist() == [{"n": 3, "s": 0}, {"n": 5, "s": 1}]
+    assert sorted(directory.skipped) == [2, 3]
+    assert directory.skipped[2].startswith("shard 2: its leader n2 (epoch 1) does not answer")
+    assert directory.skipped[3] == "shard 3: it has no leader; no next leader answered within 0.5 s"

@@ -21,6 +21,7 @@ from buffer import Catalog, OffsetRange
 from devstack.process import wait_until
 from hakafka.config import Config, PipelineConfig, parse_config
 from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
+from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError, PendingIntent
 from hakafka.coordination.fenced import check_monotonic
@@ -138,7 +139,8 @@ def offset_of(message: Message) -> int:
 class FakeConsumer:
     """Reads a `Topic` from assigned offsets, `batch` per partition and poll, `delay` s a
     poll; records pause/resume calls. `log_starts` are where retention left each partition's
-    log: an earlier start moves up to it, as the `earliest` policy does."""
+    log: an earlier start moves up to it, as the `earliest` policy does. A topic without
+    partitions does not exist; while `unreachable` is set, metadata requests fail with it."""
 
     def __init__(
         self,
@@ -156,9 +158,15 @@ class FakeConsumer:
         self.pauses = 0
         self.closed = False
         self.assigned_from: dict[int, int] = {}
+        self.unreachable: str | None = None
+
+    def topic_partitions(self) -> list[int]:
+        if self.unreachable is not None:
+            raise KafkaMetadataError(f"topic {TOPIC}: metadata request failed: {self.unreachable}")
+        return sorted(self.topic.logs)
 
     def owned_partitions(self) -> list[int]:
-        return sorted(self.topic.logs)
+        return self.topic_partitions()
 
     def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
         self.next = {
@@ -176,7 +184,8 @@ class FakeConsumer:
             time.sleep(min(timeout, 0.01))
             return []
         out: list[Message] = []
-        for p, log in self.topic.logs.items():
+        for p in list(self.next):  # the assigned partitions (a topic may grow meanwhile)
+            log = self.topic.logs[p]
             at = bisect.bisect_left(log, self.next[p], key=offset_of)
             take = log[at : at + min(self.batch, num_messages - len(out))]
             out.extend(take)
@@ -188,7 +197,10 @@ class FakeConsumer:
         return out
 
     def refresh_partitions(self) -> list[int]:
-        return []  # partitions never appear later
+        """Partitions that appeared since `assign` (a topic created later), from 0."""
+        new = sorted(set(self.owned_partitions()) - set(self.next))
+        self.next.update(dict.fromkeys(new, 0))
+        return new
 
     def pause(self, partitions: Iterable[int] | None = None) -> None:
         self.paused = True
@@ -384,6 +396,8 @@ class Harness:
     shard: int = 0
     registries: list[Any] = field(default_factory=list)
     """The metrics registry of each leader built, in order."""
+    kafka_unreachable: str | None = None
+    """The metadata error each new consumer starts with (None: Kafka answers)."""
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -394,6 +408,7 @@ class Harness:
 
     def _consumer(self) -> FakeConsumer:
         consumer = FakeConsumer(self.topic)
+        consumer.unreachable = self.kafka_unreachable
         self.consumers.append(consumer)
         return consumer
 

@@ -1,0 +1,81 @@
+"""A pipeline that waits says what for, and how long: a missing topic, Kafka unreachable, a
+suspended term. Each wait is a named state with its age in `status.waits`, counts as no
+progress (`stalled_for`), and `stall_reason` names it; once it ends, data moves again."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from hakafka.pipeline import PipelineLeader, PipelineState
+from hakafka.pipeline.state import Waiting
+from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, start, wait_for
+
+
+def kinds(leader: PipelineLeader) -> set[Waiting]:
+    return {w.kind for w in leader.status.current_waits()}
+
+
+def test_a_missing_topic_is_waited_for_by_name_until_it_is_created(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hakafka.pipeline.consume.TOPIC_RECHECK_S", 0.2)
+    topic = Topic(partitions=0)  # a typo in the config: no such topic
+    h = Harness(tmp_path, pipeline_config(), topic)
+    leader = start(h, leaders)
+    wait_for(lambda: Waiting.TOPIC_MISSING in kinds(leader), "the topic wait")
+    assert leader.status.state is PipelineState.CONSUMING  # nothing failed: it waits
+    time.sleep(1.1)
+    now = time.monotonic()
+    assert leader.stalled_for(now) >= 1.0
+    assert leader.stall_reason(now).startswith("waiting_for_topic for 1 s: ")
+    assert leader.stall_reason(now).endswith(f"topic {TOPIC} does not exist")
+
+    topic.logs[0], topic.ends[0] = [], 0  # the topic is created
+    topic.produce(0, 25)
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 25}, "its rows committed")
+    assert Waiting.TOPIC_MISSING not in kinds(leader)
+    assert leader.stalled_for(time.monotonic()) < 1.0
+
+
+def test_kafka_unreachable_is_a_named_wait_while_recovering_and_heals(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hakafka.pipeline.consume.METADATA_RETRY_S", 0.05)
+    topic = Topic(partitions=1)
+    topic.produce(0, 10)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.kafka_unreachable = "Local: All broker connections are down"
+    leader = start(h, leaders)
+    wait_for(lambda: Waiting.KAFKA_UNREACHABLE in kinds(leader), "the Kafka wait")
+    time.sleep(1.1)
+    now = time.monotonic()
+    assert leader.status.state is PipelineState.RECOVERING
+    assert leader.stalled_for(now) >= 1.0
+    reason = leader.stall_reason(now)
+    assert reason.startswith("kafka_unreachable for 1 s: Kafka unreachable: topic events: ")
+    assert reason.endswith("All broker connections are down")
+
+    h.consumers[-1].unreachable = None
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 10}, "its rows committed")
+    assert kinds(leader) == set() and leader.status.state is PipelineState.CONSUMING
+
+
+def test_time_suspended_counts_as_no_progress(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    topic = Topic(partitions=1)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    leader = start(h, leaders)
+    wait_for(lambda: leader.status.state is PipelineState.CONSUMING, "consuming")
+    leader.suspend()
+    time.sleep(1.1)
+    now = time.monotonic()
+    assert leader.stalled_for(now) >= 1.0
+    assert leader.stall_reason(now).startswith("suspended for 1 s: ZooKeeper connection lost")
+    leader.resume()
+    assert kinds(leader) == set() and leader.stalled_for(time.monotonic()) < 1.0
+    topic.produce(0, 5)
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 5}, "its rows committed")
