@@ -4,12 +4,22 @@
 its dead letters into `<table>_dead_letter`, each task with the deduplication token
 `<pipeline>:<task key>` (the key names the task's offsets, see `blockplan`), so a re-flush of
 the same tasks (by this node or the next leader) adds nothing twice.
+
+A new term needs one reachable replica, not all: in production each node runs its own
+ClickHouse replica, so the node failure that causes an election usually takes one replica
+down with it. `ensure_tables` creates the tables on the replicas that answer (a health ping
+first, so a dead one costs at most a second) and fails only when none does; a replica that
+did not answer gets its tables before anything is written to it (`flush` checks again,
+at most every `RECHECK_S`), and until then writes go to the replicas that have them.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
+import structlog
 from clickhouse_connect.driver.client import Client
 from pyspark.sql import SparkSession
 
@@ -20,7 +30,17 @@ from hakafka.pipeline.parts import Flushed
 from hakafka.settings import connection_of, table_specs
 from spark_bridge.flush import FlushTarget, flush
 from spark_bridge.replicas import Replica
-from spark_bridge.tables import TableSpec, ensure_table
+from spark_bridge.tables import SchemaMismatchError, TableSpec, UnsafeTableError, ensure_table
+
+log = structlog.get_logger("hakafka.pipeline")
+
+PING_TIMEOUT_S = 1.0
+RECHECK_S = 10.0  # how often a replica without its tables is tried again
+
+
+class TablesUnreachableError(RuntimeError):
+    """No writable replica of the shard could be given its tables; the text names each
+    replica and why."""
 
 
 class PipelineSink:
@@ -37,22 +57,71 @@ class PipelineSink:
         self._spark = spark
         self.rows_spec, self.dead_spec = table_specs(config, pipeline, schema)
         self.connection = connection_of(config)
+        # Replicas (host, port) that have the tables this term, and when to try the others.
+        self._lock = threading.Lock()
+        self._ready: set[tuple[str, int]] = set()
+        self._retry_at: dict[tuple[str, int], float] = {}
 
     def ensure_tables(self, replicas: tuple[Replica, ...]) -> None:
-        """Create both tables on every writable replica if missing; SchemaMismatchError if a
-        table exists with other columns."""
-        for replica in replicas:
-            if not replica.writable:
-                continue
-            client: Client = self.connection.client(replica.host, replica.port)
+        """Create both tables on every writable replica that answers, if missing (each new
+        term checks them all again). TablesUnreachableError if none answers;
+        SchemaMismatchError or UnsafeTableError if a table exists but cannot be used."""
+        with self._lock:
+            self._ready.clear()
+            self._retry_at.clear()
+        errors = {r.name: self._ensure_on(r) for r in replicas if r.writable}
+        if errors and all(e is not None for e in errors.values()):
+            raise TablesUnreachableError(
+                "no replica could be given the tables: "
+                + "; ".join(f"{name}: {error}" for name, error in errors.items())
+            )
+
+    def _ensure_on(self, replica: Replica) -> str | None:
+        """Make sure `replica` has both tables; None when it does, else why not (it is tried
+        again after RECHECK_S)."""
+        key = (replica.host, replica.port)
+        with self._lock:
+            if key in self._ready:
+                return None
+            if time.monotonic() < self._retry_at.get(key, 0.0):
+                return "did not answer lately"
+        if not self.connection.ping(replica.host, replica.port, PING_TIMEOUT_S):
+            error = f"no answer to a ping within {PING_TIMEOUT_S:g} s"
+        else:
             try:
-                ensure_table(client, self.rows_spec)
-                ensure_table(client, self.dead_spec)
-            finally:
-                client.close()
+                client: Client = self.connection.client(replica.host, replica.port)
+                try:
+                    ensure_table(client, self.rows_spec)
+                    ensure_table(client, self.dead_spec)
+                finally:
+                    client.close()
+            except (SchemaMismatchError, UnsafeTableError):
+                raise
+            except Exception as exc:  # unreachable or failing: the others may take the block
+                error = f"{type(exc).__name__}: {exc}"[:300]
+            else:
+                error = None
+        with self._lock:
+            if error is None:
+                self._ready.add(key)
+                self._retry_at.pop(key, None)
+            else:
+                self._retry_at[key] = time.monotonic() + RECHECK_S
+        if error is not None:
+            log.warning(
+                "tables.replica_skipped", replica=replica.name, error=error, retry_s=RECHECK_S
+            )
+        return error
 
     def flush(self, block: PlannedBlock, replicas: tuple[Replica, ...]) -> Flushed:
-        """Write the block's rows and dead letters; returns once ClickHouse acknowledged both."""
+        """Write the block's rows and dead letters; returns once ClickHouse acknowledged both.
+        Only replicas that have the tables are written to (one without is tried first)."""
+        ready = tuple(r for r in replicas if r.writable and self._ensure_on(r) is None)
+        if not ready and any(r.writable for r in replicas):
+            raise TablesUnreachableError(
+                f"no writable replica of {[r.name for r in replicas]} has the tables yet"
+            )
+        replicas = ready or replicas  # none writable: the write names that itself
         spark, sealed = self._spark(), block.block
         rows = flush(
             spark,

@@ -26,8 +26,8 @@ from hakafka.coordination import (
     LostLeadership,
     Resumed,
     Suspended,
+    paths,
 )
-from hakafka.coordination import paths
 
 TAKEOVER_S = 15.0
 """How long a correction may take: a reconnection, a retry and a reconciliation round."""
@@ -149,9 +149,7 @@ def test_a_suspended_leader_whose_checks_time_out_on_a_live_connection_resumes(
     wait_until(lambda: leads(leadership), timeout=10, what="n1 leading")
     proxy.stall_next_connection(3.0)  # every check after the reconnection times out for 3 s
     proxy.cut()
-    wait_until(
-        lambda: any(isinstance(e, Suspended) for e in events), timeout=10, what="suspended"
-    )
+    wait_until(lambda: any(isinstance(e, Suspended) for e in events), timeout=10, what="suspended")
     wait_until(lambda: leads(leadership), timeout=TAKEOVER_S, what="the term resumed")
     assert any(isinstance(e, Resumed) for e in events)
     assert not any(isinstance(e, LostLeadership) for e in events)
