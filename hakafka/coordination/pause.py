@@ -84,6 +84,14 @@ class PauseStore:
             log.info("pipeline.resume_requested", shard=shard, pipeline=pipeline)
         return resumed
 
+    def resume_expired(self, shard: int, pipeline: str, stored: StoredPause) -> bool:
+        """Remove the flag if it is still `stored` (unchanged since read); False if it
+        changed or went. For a leader resuming a pause whose deadline passed."""
+        try:
+            return self._session.delete(paths.paused(shard, pipeline), stored.version)
+        except BadVersionError:
+            return False
+
     def read(self, shard: int, pipeline: str) -> StoredPause | None:
         """The flag of `pipeline` in `shard`, or None when it is not paused."""
         path = paths.paused(shard, pipeline)

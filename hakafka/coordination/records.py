@@ -38,6 +38,19 @@ def _field(path: str, value: dict[str, Any], key: str, kind: type | tuple[type, 
     return got
 
 
+def _optional(
+    path: str, value: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any
+) -> Any:
+    """`value[key]` checked like `_field`, or `default` when absent or null (a field added
+    after records of this kind were first written)."""
+    if value.get(key) is None:
+        return default
+    return _field(path, value, key, kind)
+
+
+RESHARD_DEADLINE_S = 600.0
+
+
 def _dump(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -165,6 +178,10 @@ class PauseRecord:
     at: float
     reason: str
     held: HeldBy | None = None
+    deadline: float | None = None
+    """Unix time past which the shard's leader resumes the pipeline: set by the commands
+    that pause it for their own duration (`offsets set`, `pending drop`), so one killed
+    half-way leaves no pause behind. None for `pipeline pause`: an ops decision."""
 
     def encode(self) -> bytes:
         return _dump(asdict(self))
@@ -179,6 +196,7 @@ class PauseRecord:
             by=_field(path, v, "by", str),
             at=float(_field(path, v, "at", (int, float))),
             reason=_field(path, v, "reason", str),
+            deadline=_optional(path, v, "deadline", (int, float), None),
             held=None
             if held is None
             else HeldBy(
@@ -277,12 +295,19 @@ class PendingIntent:
 @dataclass(frozen=True)
 class ReshardRequest:
     """A reshard in progress (`/reshard`), made against `/settings` at `settings_version`:
-    every leader drains (commits all it holds, consumes nothing) and reports it."""
+    every leader drains (commits all it holds, consumes nothing) and reports it. Past
+    `deadline` (Unix time) a reshard that did not complete is aborted by the leaders: the
+    command that drove it died. A record without one (older versions) has `at` + 600 s."""
 
     by: str
     at: float
     settings_version: int
     shard_count: int
+    deadline: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.deadline:
+            object.__setattr__(self, "deadline", self.at + RESHARD_DEADLINE_S)
 
     def encode(self) -> bytes:
         return _dump(asdict(self))
@@ -295,6 +320,7 @@ class ReshardRequest:
             at=float(_field(path, v, "at", (int, float))),
             settings_version=_field(path, v, "settings_version", int),
             shard_count=_field(path, v, "shard_count", int),
+            deadline=float(_optional(path, v, "deadline", (int, float), 0.0)),
         )
 
 

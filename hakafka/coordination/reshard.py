@@ -65,6 +65,14 @@ class ReshardStore:
         log.info("reshard.requested", by=request.by, shard_count=request.shard_count)
         return True
 
+    def abort_expired(self, request: ReshardRequest) -> bool:
+        """Abort the reshard in progress if it is still `request` (made at the same time by
+        the same operator); False if another one runs now, or none."""
+        current = self.read()
+        if current is None or (current.by, current.at) != (request.by, request.at):
+            return False
+        return self.abort()
+
     def abort(self) -> bool:
         """End the reshard in progress without moving anything; False if there was none.
         Leaders that drained resume consuming."""

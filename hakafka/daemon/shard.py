@@ -22,8 +22,10 @@ term's pipelines run in drain mode: they commit everything they hold and consume
 once all are drained the shard reports it in `/reshard/<shard>` (fenced by the term), and
 holds its leadership idle until the reshard ends (`reshard(False)`: consume again).
 
-A pipeline ops paused (`hakafka pipeline pause`, `shards/<s>/paused/<pipeline>`, watched
-here) does not run in any term: it stops (a flush in flight may finish within the grace),
+A pause with a deadline (made by `offsets set` or `pending drop` for their own duration) is
+resumed by the leader once the deadline passes (`pipeline.pause_expired`): the command
+died half-way. A pipeline ops paused (`hakafka pipeline pause`, `shards/<s>/paused/<pipeline>`,
+watched here) does not run in any term: it stops (a flush in flight may finish within the grace),
 and the leader records in the flag that it stopped in its term, which lets ops move its
 offsets or drop its pending block. Resumed, it starts like a new term's pipeline (recovery
 from checkpoint, pending intent and WAL). Drain mode ignores pauses: a reshard needs every
@@ -83,6 +85,7 @@ HANDOVER_GRACE_S = 0.5
 SUPERVISE_EVERY_S = 0.5
 RESTART_DELAY_S = (1.0, 30.0)  # first and largest delay before restarting a failed pipeline
 RESTART_RESET_S = 600.0  # a pipeline that ran this long since its last restart starts over at 1 s
+PAUSE_CHECK_S = 2.0  # how often a leader reads its pause flags for a passed deadline
 _STOP = object()
 
 
@@ -192,6 +195,7 @@ class ShardRunner:
         self.paused: frozenset[str] = frozenset()
         """The pipelines ops paused in this shard (they run in no term)."""
         self._acknowledged: set[str] = set()  # paused pipelines this term reported stopped
+        self._pauses_checked = 0.0  # monotonic time the pause deadlines were last read
         self._resumed: set[str] = set()  # resumed by ops, not started yet (term suspended)
         self._log = log.bind(shard=shard)
         self._node = coordinator.node_id
@@ -317,6 +321,7 @@ class ShardRunner:
             return  # suspended or over: the next event decides
         self._report_drained(self.leadership)
         self._acknowledge_pauses(self.leadership)
+        self._expire_pauses(now)
         for index, p in enumerate(self.pipelines):
             if p.running or not p.status.restartable or p.status.state is PipelineState.DRAINED:
                 continue
@@ -441,6 +446,28 @@ class ShardRunner:
                 self._log.warning("pipeline.pause_unacknowledged", pipeline=name, error=str(exc))
                 return
             self._acknowledged.add(name)
+
+    def _expire_pauses(self, now: float) -> None:
+        """Resume every paused pipeline whose pause deadline passed (every PAUSE_CHECK_S);
+        its flag's deletion comes back through the watch and starts it."""
+        if not self.paused or now - self._pauses_checked < PAUSE_CHECK_S:
+            return
+        self._pauses_checked = now
+        pauses = self._coordinator.pauses
+        for name in sorted(self.paused):
+            stored = pauses.read(self.shard, name)
+            deadline = None if stored is None else stored.record.deadline
+            if stored is None or deadline is None or time.time() < deadline:
+                continue
+            if pauses.resume_expired(self.shard, name, stored):
+                self._log.error(
+                    "pipeline.pause_expired",
+                    pipeline=name,
+                    by=stored.record.by,
+                    reason=stored.record.reason,
+                    deadline=deadline,
+                    action="resumed: the command that paused it did not end it",
+                )
 
     def _report_drained(self, leadership: Leadership) -> None:
         """Once every pipeline of a draining term is drained, report the shard drained."""

@@ -14,6 +14,7 @@ from hakafka.coordination.pause import StoredPause
 from hakafka.ops.cluster import OpsError, UsageError, check_shard
 
 _POLL_S = 0.1
+HELD_GRACE_S = 10.0  # after the wait for the leader: the ops write itself
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,12 @@ def held(
 ) -> Iterator[StoredPause]:
     """`pipeline` paused in `shard` and stopped by its leader, for the duration: paused here
     (and resumed on leaving) unless ops had paused it already, which is then left paused.
-    OpsError when no leader stopped it within `timeout_s`."""
-    paused_here = coordinator.pauses.pause(
-        shard, pipeline, PauseRecord(by=by, at=time.time(), reason=why)
-    )
+    OpsError when no leader stopped it within `timeout_s`. A pause made here carries a
+    deadline (`timeout_s` + `HELD_GRACE_S`): if this process dies before it resumes the
+    pipeline, the leader does."""
+    at = time.time()
+    record = PauseRecord(by=by, at=at, reason=why, deadline=at + timeout_s + HELD_GRACE_S)
+    paused_here = coordinator.pauses.pause(shard, pipeline, record)
     try:
         stored = wait_held(coordinator, shard, pipeline, time.monotonic() + timeout_s)
         if stored is None:

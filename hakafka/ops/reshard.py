@@ -38,6 +38,7 @@ from hakafka.drift import cluster_settings, compare
 from hakafka.ops.cluster import OpsError
 
 POLL_S = 0.2
+COMPLETE_GRACE_S = 10.0  # after the drain timeout: the checks and the completing multi-op
 LAYOUT_KEYS = ("shard_count", "partitions.")
 
 
@@ -135,7 +136,11 @@ def reshard(
         raise OpsError("no shard-wide settings are recorded: run hakafka init first")
     recorded, version = found
     target = target_settings(recorded, config)
-    request = ReshardRequest(by, time.time(), version, target.shard_count)
+    now = time.time()
+    # Past this the leaders abort it themselves: this process died (SIGKILL, a lost ssh
+    # session) before it could complete or abort.
+    deadline = now + timeout + COMPLETE_GRACE_S
+    request = ReshardRequest(by, now, version, target.shard_count, deadline)
     if not coordinator.reshard.request(request):
         running = coordinator.reshard.read()
         raise OpsError(

@@ -4,11 +4,13 @@ term (a stale one replaced), and an abort that removes reports landing meanwhile
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from devstack.process import wait_until
 from hakafka.coordination import DrainedInfo, FencedError, ReshardRequest
+from hakafka.daemon.reshard_follower import ReshardFollower
 
 
 def lead(coordinators: Any) -> tuple[Any, Any]:
@@ -60,3 +62,52 @@ def test_an_abort_removes_reports_that_land_while_it_runs(coordinators: Any) -> 
     finally:
         session.children = children
     assert store.read() is None and store.drained() == {}
+
+
+class StandInGuard:
+    def check(self) -> None:
+        """The settings still agree (nothing was recorded by an aborted reshard)."""
+
+
+class StandInRunner:
+    def __init__(self) -> None:
+        self.told: list[str | None] = []
+
+    def reshard(self, request: str | None) -> None:
+        self.told.append(request)
+
+
+@pytest.mark.integration
+def test_a_reshard_left_behind_by_a_dead_command_is_aborted_at_its_deadline(
+    coordinators: Any,
+) -> None:
+    # `hakafka reshard` made the request and died (SIGKILL, a dropped ssh session): nothing
+    # else would end it, and every leader would hold its shard drained with green health.
+    ops, node = coordinators("ops", register=False), coordinators("n1")
+    runner = StandInRunner()
+    follower = ReshardFollower(node, cast(Any, StandInGuard()), [cast(Any, runner)])
+    follower.start()
+
+    def told() -> list[str | None]:
+        follower.poll()  # the daemon's main loop polls about once a second
+        return runner.told
+
+    at = time.time()
+    assert ops.reshard.request(ReshardRequest("ops@host", at, 0, 3, deadline=at + 1.5))
+    wait_until(
+        lambda: told() == [f"ops@host@{at}"],
+        timeout=10,
+        what="the runners told to drain",
+    )
+    time.sleep(0.5)
+    follower.poll()
+    assert ops.reshard.read() is not None, "aborted before its deadline"
+    wait_until(
+        lambda: told() == [f"ops@host@{at}", None],
+        timeout=10,
+        what="the expired reshard aborted and the runners told to consume again",
+    )
+    assert ops.reshard.read() is None
+    assert time.time() >= at + 1.5
+    # A request written before deadlines existed expires 600 s after it was made.
+    assert ReshardRequest("ops", 100.0, 0, 3).deadline == 700.0

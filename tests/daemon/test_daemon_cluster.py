@@ -396,7 +396,9 @@ def test_a_follower_forwards_http_and_flight_queries_to_the_leaders_buffer(
     code, body = follower.get(f"/query?sql={sql}&format=json")
     assert code == 200, body
     assert json.loads(body)["rows"] == [{"n": len(held)}]
-    # Shard 1 is served by no node: the follower says so instead of answering from nothing.
-    code, body = follower.get(f"/query?sql={sql}&shard=1")
+    # Shard 1 is served by no node: the follower waits for a leader (session timeout + 2 s),
+    # then says so instead of answering from nothing.
+    code, body = follower.get(f"/query?sql={sql}&shard=1", timeout=30.0)
     assert code == 502, body
-    assert "shard 1 has no leader right now" in json.loads(body)["message"]
+    message = json.loads(body)["message"]
+    assert "shard 1: it has no leader; no next leader answered within 5 s" in message

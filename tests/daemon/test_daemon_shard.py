@@ -20,12 +20,15 @@ from hakafka.coordination import (
     BecameLeader,
     Coordinator,
     DrainedInfo,
+    HeldBy,
     Leadership,
     LeadershipState,
+    PauseRecord,
     Resumed,
     Suspended,
 )
-from hakafka.daemon.shard import HandoverPolicy, ShardRunner, restart_delay
+from hakafka.coordination.pause import StoredPause
+from hakafka.daemon.shard import HandoverPolicy, ShardRunner, _Pauses, restart_delay
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineState
 from tests.pipeline.fakes import Harness, Topic, pipeline_config, wait_for
@@ -59,13 +62,36 @@ class StandInReshard:
 
 
 @dataclass
+class StandInPauses:
+    """Pause flags by pipeline name, each with a version, as `PauseStore` keeps them."""
+
+    flags: dict[str, StoredPause] = field(default_factory=dict)
+    acknowledged: list[tuple[str, HeldBy]] = field(default_factory=list)
+
+    def read(self, _shard: int, name: str) -> StoredPause | None:
+        return self.flags.get(name)
+
+    def resume_expired(self, _shard: int, name: str, stored: StoredPause) -> bool:
+        if self.flags.get(name) != stored:
+            return False
+        del self.flags[name]
+        return True
+
+    def acknowledge(self, _shard: int, name: str, held: HeldBy) -> bool:
+        self.acknowledged.append((name, held))
+        return True
+
+
+@dataclass
 class StandInCoordinator:
-    """The drained reports, and the election as a list of the nodes standing in it."""
+    """The drained reports, the pause flags, and the election as a list of the nodes
+    standing in it."""
 
     node_id: str
     reshard: StandInReshard
     standing: list[str] = field(default_factory=list)
     left: list[int] = field(default_factory=list)
+    pauses: StandInPauses = field(default_factory=StandInPauses)
 
     def candidates(self, _shard: int) -> list[str]:
         return list(self.standing)
@@ -265,3 +291,27 @@ def test_a_leader_failing_again_and_again_hands_over_but_the_last_candidate_keep
     assert shard.cooldown is not None
     assert "failed 3 times in 300 s, last: could not start" in shard.cooldown.reason
     assert shard.healthy()  # a follower again: nothing of this shard runs here
+
+
+def test_a_pause_left_by_a_killed_command_is_resumed_by_the_leader_at_its_deadline(
+    runner: tuple[ShardRunner, Harness],
+) -> None:
+    # `hakafka offsets set` paused the pipeline for its own duration and was killed; an ops
+    # pause (no deadline) stays until ops resume it.
+    shard, _h = runner
+    pauses = cast(StandInCoordinator, shard._coordinator).pauses
+    at = time.time()
+    killed = PauseRecord(by="ops@host", at=at, reason="offsets set", deadline=at + 1.0)
+    pauses.flags["events"] = StoredPause(killed, 1)
+    pauses.flags["other"] = StoredPause(PauseRecord(by="ops", at=at, reason="ops pause"), 3)
+    shard.paused = frozenset({"events", "other"})
+    shard._thread.start()
+    shard._events.put(BecameLeader(epoch=1, token=1))
+    wait_for(lambda: "events" not in pauses.flags, "the expired pause resumed")
+    assert time.time() >= at + 1.0
+    assert set(pauses.flags) == {"other"}
+    shard._events.put(_Pauses(frozenset({"other"})))  # the flag's deletion, via the watch
+    wait_for(
+        lambda: bool(shard.pipelines) and shard.pipelines[0].status.state.live,
+        "the resumed pipeline running",
+    )
