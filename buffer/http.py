@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import queue
 import re
+import selectors
 import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,11 +27,16 @@ from buffer.sql import Forward, QueryError, QueryResult, SqlEngine, shard_of
 from buffer.tls import ServerTls
 
 _DIGITS = re.compile(r"[0-9]+")
-# Sent by the accepting thread to a connection over `max_connections`: no handler, no parsing.
+# Sent to a connection over `max_connections` that is not a probe: no handler thread.
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
 )
+_REASONS = {200: "OK", 503: "Service Unavailable"}
+OVERFLOW_READ_S = 1.0  # how long a connection over the cap may take to send its request head
+OVERFLOW_MAX = 256  # connections over the cap read at once; past it, 503 at once
+OVERFLOW_HEAD_BYTES = 8192
+OVERFLOW_TICK_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -196,6 +205,146 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(chunk)
 
 
+@dataclass
+class _Waiting:
+    """A connection over the cap whose request head is being read."""
+
+    sock: socket.socket
+    deadline: float
+    head: bytes = b""
+    handshaking: bool = False
+
+
+class _Overflow:
+    """Connections over `max_connections`, served without a thread each: one selector thread
+    (`buffer-http-overflow`) reads each request head, non-blocking (TLS handshake included),
+    for at most OVERFLOW_READ_S and OVERFLOW_HEAD_BYTES. A GET of a public route (a probe:
+    `/health`, `/ready`, `/metrics`) is answered; anything else gets 503
+    too_many_connections; a head not complete in time is dropped. So a flood of half-sent
+    requests holds no thread, and a probe is still answered at once."""
+
+    def __init__(self, routes: Callable[[], Mapping[str, Route]], busy: bytes) -> None:
+        self._routes, self._busy = routes, busy
+        self._selector = selectors.DefaultSelector()
+        self._incoming: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._slots = threading.BoundedSemaphore(OVERFLOW_MAX)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="buffer-http-overflow", daemon=True)
+        self._thread.start()
+
+    def add(self, sock: socket.socket) -> None:
+        """Take `sock` (accepting thread); 503 at once when OVERFLOW_MAX are being read."""
+        if self._closed.is_set() or not self._slots.acquire(blocking=False):
+            _send_close(sock, self._busy)
+            return
+        self._incoming.put(sock)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            self._wake_w.send(b"x")
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake()
+        self._thread.join(timeout=5)
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, _Waiting):
+                key.data.sock.close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            for key, _ in self._selector.select(OVERFLOW_TICK_S):
+                if key.data is None:
+                    self._take_incoming()
+                else:
+                    self._step(key.data)
+            now = time.monotonic()
+            for key in list(self._selector.get_map().values()):
+                if isinstance(key.data, _Waiting) and now >= key.data.deadline:
+                    self._finish(key.data, None)  # too slow: dropped, as a handler would
+
+    def _take_incoming(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self._wake_r.recv(4096)
+        while True:
+            try:
+                sock = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            sock.setblocking(False)
+            waiting = _Waiting(sock, time.monotonic() + OVERFLOW_READ_S)
+            waiting.handshaking = isinstance(sock, ssl.SSLSocket)
+            self._selector.register(sock, selectors.EVENT_READ, waiting)
+            self._step(waiting)
+
+    def _step(self, waiting: _Waiting) -> None:
+        """Go on with `waiting` as far as its socket allows without blocking."""
+        sock = waiting.sock
+        try:
+            if waiting.handshaking:
+                assert isinstance(sock, ssl.SSLSocket)
+                sock.do_handshake()
+                waiting.handshaking = False
+            while b"\r\n\r\n" not in waiting.head:
+                chunk = sock.recv(OVERFLOW_HEAD_BYTES)
+                if not chunk:
+                    self._finish(waiting, None)
+                    return
+                waiting.head += chunk
+                if len(waiting.head) > OVERFLOW_HEAD_BYTES:
+                    break
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+            return  # more later
+        except OSError:
+            self._finish(waiting, None)
+            return
+        self._finish(waiting, self._answer(waiting.head))
+
+    def _answer(self, head: bytes) -> bytes:
+        """The response to a request head: a public route's, else the 503."""
+        line = head.split(b"\r\n", 1)[0].split()
+        if len(line) == 3 and line[0] == b"GET":
+            path = urlsplit(line[1].decode("latin-1")).path
+            route = self._routes().get(path)
+            if route is not None and route.public:
+                status, content_type, body = route.handler()
+                return (
+                    f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
+                    f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n"
+                ).encode() + body
+        return self._busy
+
+    def _finish(self, waiting: _Waiting, response: bytes | None) -> None:
+        self._selector.unregister(waiting.sock)
+        self._slots.release()
+        if response is None:
+            waiting.sock.close()
+            return
+        _send_close(waiting.sock, response)
+
+
+def _send_close(sock: socket.socket, response: bytes) -> None:
+    """Send `response` (bounded: 1 s) and close `sock`."""
+    try:
+        sock.setblocking(True)
+        sock.settimeout(1.0)  # a fresh socket's send buffer takes a small response at once
+        sock.sendall(response)
+    except OSError:
+        pass  # the client is gone or not reading: nothing to tell it
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     # socketserver listens with a backlog of 5: a burst of connects past it loses SYNs, which
@@ -229,18 +378,15 @@ class _Server(ThreadingHTTPServer):
         self.observe = observe
         self.connections = threading.BoundedSemaphore(limits.max_connections)
         self.queries = threading.BoundedSemaphore(limits.max_concurrent_queries)
+        message = f"{limits.max_connections} connections open; retry later"
+        body = json.dumps({"error": "too_many_connections", "message": message}).encode()
+        self.overflow = _Overflow(lambda: self.routes, _BUSY % (len(body), body))
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """A handler thread per connection while under `max_connections`; else 503 and close."""
+        """A handler thread per connection while under `max_connections`; over it, the
+        overflow reader answers probes and refuses the rest (503)."""
         if not self.connections.acquire(blocking=False):
-            message = f"{self.limits.max_connections} connections open; retry later"
-            body = json.dumps({"error": "too_many_connections", "message": message}).encode()
-            try:
-                request.settimeout(1.0)  # a fresh socket's send buffer takes this at once
-                request.sendall(_BUSY % (len(body), body))
-            except OSError:
-                pass  # the client is gone or not reading: nothing to tell it
-            self.shutdown_request(request)
+            self.overflow.add(request)
             return
         try:
             super().process_request(request, client_address)
@@ -276,8 +422,10 @@ class HttpQueryServer:
     ``limits`` bound each client: the route and token are checked before any body is read;
     a POST body needs a valid Content-Length within ``max_request_bytes`` (411 none or
     chunked, 400 not a length, 413 too large; the connection is then closed); a socket read
-    waits at most ``request_timeout``; connections over ``max_connections`` get 503 and
-    queries over ``max_concurrent_queries`` get 429, both at once.
+    waits at most ``request_timeout``; connections over ``max_connections`` are read by one
+    overflow thread (1 s, 8 KiB for the request head, no thread each): a GET of a public
+    route (a probe) is answered, anything else gets 503; queries over
+    ``max_concurrent_queries`` get 429 at once.
 
     ``routes`` adds GET endpoints (a daemon's /health, /metrics...); ``forward`` may answer a
     query elsewhere (502 if that fails). With ``tls`` it serves HTTPS only (the handshake
@@ -343,4 +491,5 @@ class HttpQueryServer:
         if self._thread.is_alive():
             self._server.shutdown()
             self._thread.join(timeout=10)
+        self._server.overflow.close()
         self._server.server_close()

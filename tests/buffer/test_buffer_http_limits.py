@@ -156,7 +156,8 @@ def test_connections_over_the_cap_get_503_at_once(engine: SqlEngine) -> None:
         for sock in held:
             sock.sendall(b"GET /health HTTP/1.1\r\n")  # half-sent: each holds a handler
         time.sleep(0.2)  # let the server accept both
-        status, headers, body, after = exchange(server, "GET /health HTTP/1.1\r\n\r\n")
+        query = f"GET /query?sql=SELECT%201 HTTP/1.1\r\n{AUTH}\r\n"
+        status, headers, body, after = exchange(server, query)
         assert (status, error_of(body), after) == (503, "too_many_connections", b"")
         assert headers["connection"] == "close"
         for sock in held:
@@ -171,6 +172,59 @@ def test_connections_over_the_cap_get_503_at_once(engine: SqlEngine) -> None:
             time.sleep(0.05)
         assert (status, body) == (200, b"ok\n")
     finally:
+        server.close()
+
+
+def test_probes_answer_within_a_second_while_half_sent_requests_hold_every_connection(
+    engine: SqlEngine,
+) -> None:
+    # 100 clients send half a request and wait (a slow or hostile client, a broken load
+    # balancer): the 64 connections of the cap are taken for request_timeout (10 s). A probe
+    # must still be told the truth at once, or it takes a healthy leader for a dead one.
+    limits = ServerLimits(max_connections=64, request_timeout=10.0)
+    ready = Route(lambda: (503, "text/plain", b"not ready: shard 0 ...\n"), public=True)
+    server = HttpQueryServer(
+        engine,
+        token=TOKEN,
+        routes={
+            "/health": Route(lambda: (200, "text/plain", b"ok\n"), public=True),
+            "/ready": ready,
+            "/metrics": Route(lambda: (200, "text/plain", b"up 1\n"), public=True),
+        },
+        limits=limits,
+    )
+    server.start()
+    held = []
+    try:
+        for _ in range(100):
+            sock = connect(server)
+            sock.sendall(b"GET /query?sql=SELECT HTTP/1.1\r\nHost: x\r\n")
+            held.append(sock)
+        time.sleep(0.3)  # accepted: 64 hold handlers, 36 wait in the overflow reader
+        for path, want in (
+            ("/health", (200, b"ok\n")),
+            ("/ready", (503, b"not ready: shard 0 ...\n")),
+            ("/metrics", (200, b"up 1\n")),
+        ):
+            started = time.monotonic()
+            status, headers, body, after = exchange(server, f"GET {path} HTTP/1.1\r\n\r\n")
+            took = time.monotonic() - started
+            assert (status, body) == want, path
+            assert took < 1.0, f"{path} took {took:.2f} s"
+            assert headers["connection"] == "close" and after == b""
+        # Not a probe: refused at once, holding nothing.
+        query = f"GET /query?sql=SELECT%201 HTTP/1.1\r\n{AUTH}\r\n"
+        status, _, body, _ = exchange(server, query)
+        assert (status, error_of(body)) == (503, "too_many_connections")
+        # A slow client over the cap is dropped after 1 s without an answer.
+        with connect(server) as slow:
+            slow.sendall(b"GET /health HTTP/1.1\r\n")
+            started = time.monotonic()
+            assert slow.recv(1) == b""
+            assert 0.5 < time.monotonic() - started < 3.0
+    finally:
+        for sock in held:
+            sock.close()
         server.close()
 
 

@@ -29,7 +29,7 @@ from buffer.client import (
     query,
 )
 from buffer.flight import FlightQueryServer
-from buffer.http import HttpQueryServer
+from buffer.http import HttpQueryServer, Route
 from buffer.limits import ServerLimits
 from buffer.tls import ClientTls, ServerTls
 from devstack.tls import CertificateFiles, make_certificates
@@ -224,3 +224,29 @@ def test_server_tls_with_a_key_that_is_not_the_certificates(
     other = make_certificates(tmp_path / "other")
     with pytest.raises(ssl.SSLError, match="KEY_VALUES_MISMATCH"):
         ServerTls(certs.cert_file, other.key_file).context()
+
+
+def test_an_https_probe_is_answered_while_every_connection_is_held(
+    engine: SqlEngine, certs: CertificateFiles
+) -> None:
+    # Over the cap, the overflow reader does the TLS handshake itself, without blocking.
+    health = Route(lambda: (200, "text/plain", b"ok\n"), public=True)
+    server = HttpQueryServer(
+        engine,
+        token=TOKEN,
+        routes={"/health": health},
+        tls=ServerTls(certs.cert_file, certs.key_file),
+        limits=ServerLimits(max_connections=2, request_timeout=WAIT_S),
+    )
+    server.start()
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) for _ in range(2)]
+    try:
+        context = ssl.create_default_context(cafile=str(certs.ca_file))
+        with urllib.request.urlopen(
+            f"{server.url}/health", timeout=WAIT_S, context=context
+        ) as answer:
+            assert (answer.status, answer.read()) == (200, b"ok\n")
+    finally:
+        for sock in held:
+            sock.close()
+        server.close()
