@@ -61,6 +61,7 @@ from devstack.clickhouse import ClickHouseService
 from devstack.cluster import DaemonNode, LocalCluster
 from devstack.kafka import KafkaBroker
 from devstack.process import LOOPBACK, DevstackError, ManagedProcess, run_hakafka, wait_until
+from devstack.zk_proxy import Op, ZkProxy
 from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.config import load_config
 from hakafka.coordination import paths
@@ -76,7 +77,10 @@ KINDS = (
     "clickhouse_outage",
     "replace_node",
     "failover",
+    "ops_command_killed",
 )
+# Faults through each node's ZooKeeper proxy (`ChaosTargets.zk_proxies`).
+PROXY_KINDS = ("zk_reply_lost", "zk_frozen")
 
 
 def chaos_seed() -> int:
@@ -818,6 +822,133 @@ def forward_main(specs: Iterable[str]) -> None:
         time.sleep(3600)
 
 
+# -- liveness: health is data moving ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LivenessSample:
+    """One look at one shard: seconds since it last made progress (its leader's checkpoint
+    advanced, or it had nothing to do: lag 0 and an empty buffer), and whether every live
+    node serving it answered `/ready` 200."""
+
+    at: float  # time.monotonic()
+    shard: int
+    stalled: float
+    ready: bool
+
+
+class LivenessMonitor:
+    """Samples every shard about once a second from the nodes' `/status` and `/ready`
+    (thread `chaos-liveness`), so that the run can check that no shard is stuck while its
+    nodes say they are ready, and how long each kind of fault kept the shards still."""
+
+    def __init__(
+        self, cluster: LocalCluster, shards: Callable[[], Sequence[int]], interval: float = 1.0
+    ) -> None:
+        self._cluster, self._shards, self._interval = cluster, shards, interval
+        self.samples: list[LivenessSample] = []
+        self._checkpoints: dict[int, int] = {}
+        self._progress: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-liveness", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._sample(time.monotonic())
+            except Exception as exc:  # a sample is best effort; the run goes on
+                print(f"chaos: liveness sample failed: {exc!r}", flush=True)
+
+    def _sample(self, now: float) -> None:
+        views: dict[str, dict[str, Any]] = {}
+        ready: dict[str, bool] = {}
+        for name, node in self._cluster.nodes.items():
+            if node.process is None or not node.alive():
+                continue
+            try:
+                views[name] = node.status()
+                ready[name] = node.get("/ready", timeout=3.0)[0] == 200
+            except Exception:
+                ready[name] = False  # frozen or not answering: not ready
+        for shard in self._shards():
+            checkpoint, idle = None, False
+            for view in views.values():
+                for entry in view.get("shards", []):
+                    if entry.get("shard") != shard or entry.get("role") != "leader":
+                        continue
+                    pipelines = entry.get("pipelines", [])
+                    checkpoint = sum(sum(p["checkpoint"].values()) for p in pipelines)
+                    idle = bool(pipelines) and all(
+                        not any(p["lag"].values()) and not p["buffer_rows"] for p in pipelines
+                    )
+            self._progress.setdefault(shard, now)
+            if idle or (checkpoint is not None and checkpoint > self._checkpoints.get(shard, -1)):
+                self._progress[shard] = now
+            if checkpoint is not None:
+                self._checkpoints[shard] = max(checkpoint, self._checkpoints.get(shard, -1))
+            serving = [
+                n
+                for n, node in self._cluster.nodes.items()
+                if n in ready and shard in _config_shards(node.config_path)
+            ]
+            self.samples.append(
+                LivenessSample(
+                    now,
+                    shard,
+                    now - self._progress[shard],
+                    bool(serving) and all(ready[n] for n in serving),
+                )
+            )
+
+    def ready_while_stuck(self, bound: float) -> list[LivenessSample]:
+        """Samples of a shard without progress for longer than `bound` while every node
+        serving it said it was ready: the lie this run must never see."""
+        return [s for s in self.samples if s.stalled > bound and s.ready]
+
+    def progress_after(self, at: float) -> float | None:
+        """Seconds from `at` until every shard that existed then had made progress again
+        (None: not seen)."""
+        waits = []
+        for shard in {s.shard for s in self.samples if s.at <= at}:
+            later = [s for s in self.samples if s.shard == shard and s.at >= at]
+            first = next((s for s in later if s.stalled <= s.at - at), None)
+            if first is None:
+                return None
+            waits.append(max(0.0, first.at - first.stalled - at))
+        return max(waits, default=None)
+
+
+def liveness_summary(
+    faults: Sequence[Fault], began: float, monitor: LivenessMonitor, bound: float
+) -> str:
+    """Per fault kind, the longest time from a fault's end until every shard progressed
+    again, and the samples of a shard stuck past `bound` while its nodes said ready."""
+    longest: dict[str, float | None] = {}
+    for fault in faults:
+        if not fault.outcome.startswith("applied"):
+            continue
+        took = monitor.progress_after(began + fault.at + fault.seconds)
+        before = longest.get(fault.kind, 0.0)
+        longest[fault.kind] = None if took is None or before is None else max(before, took)
+    kinds = ", ".join(
+        f"{kind} {'never' if s is None else f'{s:.1f}s'}" for kind, s in sorted(longest.items())
+    )
+    lies = monitor.ready_while_stuck(bound)
+    return (
+        f"liveness: longest fault end -> every shard progressing: {kinds or 'no faults'}; "
+        f"{len(monitor.samples)} samples, {len(lies)} with a shard stuck > {bound:g} s "
+        "while its nodes said ready"
+        + (f" (first: shard {lies[0].shard}, {lies[0].stalled:.0f} s)" if lies else "")
+    )
+
+
 # -- the driver -------------------------------------------------------------------------------
 
 
@@ -861,6 +992,10 @@ class ChaosTargets:
     broker_lock: threading.Lock = field(default_factory=threading.Lock)
     netns: NetworkNamespace | None = None
     netns_node: str | None = None
+    zk_proxies: Mapping[str, ZkProxy] = field(default_factory=dict)
+    """Each node's ZooKeeper proxy (node -> proxy), when the nodes connect through one."""
+    request_timeout: float = 5.0
+    """The nodes' `zookeeper.request_timeout`."""
 
     def start_node(self, name: str) -> None:
         """Start daemon `name` (inside the namespace if it is the namespaced one), first
@@ -957,8 +1092,13 @@ class ChaosDriver:
         self.unplanned_exits: list[str] = []
         self.partitions: list[Partition] = []
         self.reshards: list[ReshardAttempt] = []
-        self.kinds = KINDS + (("partition_node",) if targets.netns is not None else ())
-        self._began = time.monotonic()
+        self.kinds = (
+            KINDS
+            + (("partition_node",) if targets.netns is not None else ())
+            + (PROXY_KINDS if targets.zk_proxies else ())
+        )
+        self.began = time.monotonic()
+        """When the driver was made (time.monotonic()); each `Fault.at` counts from it."""
         self._deck: list[str] = []
         self._actions: dict[str, Callable[[], tuple[str, str]]] = {
             "kill_leader": self._kill_leader,
@@ -969,6 +1109,9 @@ class ChaosDriver:
             "replace_node": self._replace_node,
             "failover": self._failover,
             "partition_node": self._partition_node,
+            "zk_reply_lost": self._zk_reply_lost,
+            "zk_frozen": self._zk_frozen,
+            "ops_command_killed": self._ops_command_killed,
         }
 
     def run(
@@ -1027,7 +1170,7 @@ class ChaosDriver:
         except Exception as exc:
             target, outcome = "?", f"error: {exc!r}"
         fault = Fault(
-            round(start - self._began, 2), kind, target, outcome, round(time.monotonic() - start, 2)
+            round(start - self.began, 2), kind, target, outcome, round(time.monotonic() - start, 2)
         )
         self.faults.append(fault)
         self.say(
@@ -1179,6 +1322,93 @@ class ChaosDriver:
             f"{len(during)} commits while cut",
         )
 
+    def _zk_reply_lost(self) -> tuple[str, str]:
+        """A node's election or resignation multi-op reaches ZooKeeper and its reply is lost
+        with the connection (the session survives): a failover of a shard it leads (its
+        resign), or the kill of the leader of a shard it follows (its election)."""
+        t = self.targets
+        shard, leader, node = self._leader()
+        followers = sorted(
+            n
+            for n, d in t.cluster.nodes.items()
+            if n != leader and shard in _config_shards(d.config_path) and n in t.zk_proxies
+        )
+        if leader not in t.zk_proxies and not followers:
+            raise _Skip(f"no node of shard {shard} talks to ZooKeeper through a proxy")
+        if leader in t.zk_proxies and (self.rng.random() < 0.5 or not followers):
+            victim, how = leader, "resign"
+            t.zk_proxies[victim].drop_reply_to(Op.MULTI)
+            try:
+                t.coordinator.request_failover(shard, by="chaos", timeout_s=10.0)
+            except FailoverRefused as exc:
+                t.zk_proxies[victim].disarm()
+                return f"{leader} (leader of shard {shard})", f"refused: {exc}"
+        else:
+            victim, how = self.rng.choice(followers), "election"
+            t.zk_proxies[victim].drop_reply_to(Op.MULTI)
+            node.kill(signal.SIGKILL)
+        proxy = t.zk_proxies[victim]
+        lost = proxy.dropped_event.wait(15.0)
+        proxy.disarm()
+        if how == "election":
+            time.sleep(self.rng.uniform(1.0, 2.0))
+            t.start_node(leader)
+        outcome = "reply lost" if lost else "no multi-op sent in 15 s (another node acted)"
+        return f"{victim} ({how} in shard {shard})", f"applied: {outcome}"
+
+    def _zk_frozen(self) -> tuple[str, str]:
+        """The ZooKeeper server freezes for one leader: its connection is cut and the
+        replies on the new one are held past the request timeout, while the connection
+        stays up (no second CONNECTED comes to re-check the suspended term)."""
+        t = self.targets
+        shard, name, _node = self._leader()
+        if name not in t.zk_proxies:
+            raise _Skip(f"{name}, the leader of shard {shard}, has no ZooKeeper proxy")
+        stall = t.request_timeout + 0.3
+        proxy = t.zk_proxies[name]
+        proxy.stall_next_connection(stall)
+        proxy.cut()
+        time.sleep(stall + 1.0)
+        return f"{name} (leader of shard {shard})", f"applied: replies held {stall:.1f}s"
+
+    def _ops_command_killed(self) -> tuple[str, str]:
+        """An operator command SIGKILLed half-way (a lost ssh session): `hakafka reshard` as
+        soon as its request exists, or `hakafka pending drop` as soon as its pause exists.
+        What it left behind must end by its deadline; waits until it has (bounded)."""
+        t = self.targets
+        config = t.cluster.nodes[min(t.cluster.nodes)].config_path
+        shard = self.rng.choice(t.shards)
+        if self.rng.random() < 0.5 and len(t.shards) < 3:
+            staged = config.with_suffix(".killed-reshard.toml")
+            staged.write_text(t.cluster.layout_configs({"n1": [0, 1, 2]}, 3)["n1"])
+            args = ["reshard", "--config", str(staged), "--timeout", "3"]
+            what = "reshard"
+        else:
+            args = ["pending", "drop", "--config", str(config), "--shard", str(shard)]
+            args += ["--pipeline", "events", "--wait", "3"]
+            what = f"pending drop (shard {shard})"
+
+        def left() -> bool:
+            """What the command writes first is there (and not yet ended)."""
+            if what == "reshard":
+                return t.coordinator.reshard.read() is not None
+            return bool(t.coordinator.pauses.paused(shard))
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hakafka.cli", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_until(left, timeout=20.0, what=f"{what} to write its request", interval=0.02)
+        finally:
+            proc.kill()
+            proc.wait(10)
+        killed = time.monotonic()
+        wait_until(lambda: not left(), timeout=60.0, what=f"what {what} left to end", interval=0.2)
+        ended = time.monotonic() - killed
+        return what, f"applied: SIGKILL half-way, what it left ended {ended:.1f}s later"
+
     # -- reshard ----------------------------------------------------------------------------
 
     def reshard(self, plan: ReshardPlan) -> ReshardAttempt:
@@ -1193,7 +1423,7 @@ class ChaosDriver:
         staged = {n: t.cluster.nodes[n].config_path.with_suffix(".reshard.toml") for n in texts}
         for name, path in staged.items():
             path.write_text(texts[name])
-        at = round(time.monotonic() - self._began, 2)
+        at = round(time.monotonic() - self.began, 2)
         began = time.monotonic()
         self.say(f"chaos: t={at:.1f}s reshard to {plan.shard_count} shards requested")
         config = ["--config", str(staged[min(staged)])]

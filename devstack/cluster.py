@@ -81,9 +81,12 @@ def render_config(
     spark_on_followers: bool = False,
     server: Mapping[str, Any] | None = None,
     spark: Mapping[str, Any] | None = None,
+    zookeeper: Mapping[str, Any] | None = None,
+    zookeeper_hosts: str | None = None,
 ) -> str:
-    """The TOML text of one node's config; `server` and `spark` add keys to (or replace
-    them in) its `[server]` and `[spark]` tables."""
+    """The TOML text of one node's config; `server`, `spark` and `zookeeper` add keys to (or
+    replace them in) its `[server]`, `[spark]` and `[zookeeper]` tables; `zookeeper_hosts`
+    replaces the stack's connect string (a node behind its own proxy)."""
     lines = [
         f"node = {_toml_value(node)}",
         f"shards = {_toml_value(list(shards))}",
@@ -91,9 +94,10 @@ def render_config(
         f"data_dir = {_toml_value(str(data_dir))}",
         "",
         "[zookeeper]",
-        f"hosts = {_toml_value(stack.zookeeper)}",
+        f"hosts = {_toml_value(zookeeper_hosts or stack.zookeeper)}",
         f"root = {_toml_value(zk_root)}",
         f"session_timeout = {session_timeout}",
+        *(f"{k} = {_toml_value(v)}" for k, v in (zookeeper or {}).items()),
         "",
         "[kafka]",
         f"bootstrap = {_toml_value(stack.kafka)}",
@@ -279,9 +283,14 @@ class LocalCluster:
         spark_on_followers: bool = False,
         server: Mapping[str, Any] | None = None,
         spark: Mapping[str, Any] | None = None,
+        zookeeper: Mapping[str, Any] | None = None,
+        zookeeper_hosts: Mapping[str, str] | None = None,
     ) -> None:
+        """`zookeeper` adds keys to every node's `[zookeeper]`; `zookeeper_hosts` gives a
+        node its own connect string (node -> hosts, e.g. a fault-injecting proxy)."""
         self.root = root
         self.stack = stack
+        self._zookeeper_hosts = dict(zookeeper_hosts or {})
         if isinstance(rows_per_task, Mapping):
             if missing := sorted(set(nodes) - set(rows_per_task)):
                 raise ValueError(f"rows_per_task names no value for nodes {missing}")
@@ -298,6 +307,7 @@ class LocalCluster:
             spark_on_followers=spark_on_followers,
             server=server,
             spark=spark,
+            zookeeper=zookeeper,
         )
         self._rows_per_task = per_node
         self._ports = {node: (free_port(), free_port()) for node in nodes}
@@ -333,6 +343,7 @@ class LocalCluster:
                 http_port=self._ports[node][0],
                 flight_port=self._ports[node][1],
                 rows_per_task=self._rows_per_task[node],
+                zookeeper_hosts=self._zookeeper_hosts.get(node),
             )
             for node, shards in nodes.items()
         }

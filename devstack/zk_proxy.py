@@ -15,6 +15,9 @@ the reply to it:
 - `stall_next_connection(seconds)`: the next connection's replies (after its handshake) are
   held back for `seconds`, then delivered. Reads time out while the connection lives.
 
+With several upstream members, each new connection goes to the first that accepts, starting
+after the one the previous connection used (as a client walks its connect string).
+
 It binds 127.0.0.1 only and runs daemon threads (an accept loop, two pumps per connection);
 `close()` ends them all. For tests and the chaos run; shipped code never imports it.
 """
@@ -112,10 +115,13 @@ class _Link:
 
 
 class ZkProxy:
-    """Forwards `127.0.0.1:port` to the ZooKeeper server at `upstream` (host, port)."""
+    """Forwards `127.0.0.1:port` to the ZooKeeper members at `upstreams` (host, port)."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
+    def __init__(self, *upstreams: tuple[str, int]) -> None:
+        if not upstreams:
+            raise ValueError("a proxy needs at least one upstream")
+        self.upstreams = upstreams
+        self._next = 0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((LOOPBACK, 0))
@@ -185,9 +191,8 @@ class ZkProxy:
                 continue
             except OSError:
                 return
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
+            server = self._connect_upstream()
+            if server is None:
                 client.close()
                 continue
             server.settimeout(None)
@@ -200,6 +205,22 @@ class ZkProxy:
                 threading.Thread(
                     target=target, args=(link,), name=f"zk-proxy-{name}", daemon=True
                 ).start()
+
+    def _connect_upstream(self) -> socket.socket | None:
+        for attempt in range(len(self.upstreams)):
+            upstream = self.upstreams[(self._next + attempt) % len(self.upstreams)]
+            try:
+                server = socket.create_connection(upstream, timeout=2)
+            except OSError:
+                continue
+            self._next = (self._next + attempt + 1) % len(self.upstreams)
+            return server
+        return None
+
+    def disarm(self) -> None:
+        """Forget faults armed and not triggered yet."""
+        with self._lock:
+            self._armed.clear()
 
     def _requests(self, link: _Link) -> None:
         """Client to server: the connect request, then requests (watching for armed ops)."""

@@ -49,6 +49,7 @@ from devstack.chaos import (
     ChaosDriver,
     ChaosTargets,
     LeadershipWatcher,
+    LivenessMonitor,
     NetworkNamespace,
     ReshardPlan,
     chaos_seed,
@@ -59,6 +60,7 @@ from devstack.chaos import (
     daemon_logs,
     election_timings,
     flush_report,
+    liveness_summary,
     netns_unavailable,
     read_commits,
     repaired_corruption,
@@ -70,6 +72,7 @@ from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
 from devstack.process import DevstackError
 from devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
+from devstack.zk_proxy import ZkProxy
 from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.coordination.session import ZkConfig
@@ -89,6 +92,11 @@ ROWS_PER_TASK = {"n1": 700, "n2": 1_100, "n3": 1_600}
 PARTITIONS = 8
 BAD_EVERY = 97
 SESSION_TIMEOUT = 3.0
+# Below 2/3 of the session timeout (when kazoo gives a silent connection up), so a frozen
+# server makes a request time out on a live connection (zk_frozen).
+REQUEST_TIMEOUT = 1.5
+# The nodes' `[server] stuck_after`: no shard may stand still longer while its nodes are ready.
+STUCK_AFTER = 30.0
 DATABASE = "chaos"
 WARM_UP = 2_000  # records produced and flushed before the first fault
 NETNS_NODE = "n1"  # runs in its own network namespace where the machine allows it
@@ -249,6 +257,10 @@ def test_chaos_every_record_exactly_once(
         chaos_zookeeper.hosts, chaos_broker.bootstrap, f"127.0.0.1:{chaos_clickhouse.port}"
     )
     create_topic(stack.kafka, topic, PARTITIONS)
+    members = [("127.0.0.1", m.client_port) for m in chaos_zookeeper.members]
+    # Every node but the namespaced one (which reaches only the forwarded service ports)
+    # talks to ZooKeeper through a proxy the zk_* faults act on.
+    proxies = {name: ZkProxy(*members) for name in NODES if name != NETNS_NODE}
     cluster = LocalCluster(
         tmp_path / "cluster",
         stack,
@@ -273,6 +285,9 @@ def test_chaos_every_record_exactly_once(
         database=DATABASE,
         session_timeout=SESSION_TIMEOUT,
         rows_per_task=ROWS_PER_TASK,
+        server={"stuck_after": STUCK_AFTER},
+        zookeeper={"request_timeout": REQUEST_TIMEOUT},
+        zookeeper_hosts={name: proxy.hosts for name, proxy in proxies.items()},
     )
     table, dead_table = f"{topic}_events", f"{topic}_events_dead_letter"
     watcher = LeadershipWatcher(stack.zookeeper, zk_root, ALL_SHARDS)
@@ -282,6 +297,7 @@ def test_chaos_every_record_exactly_once(
         NodeInfo(host="", http="", flight="", pid=os.getpid(), version="chaos"),
     )
     producer: Producer | None = None
+    liveness: LivenessMonitor | None = None
     netns, netns_skipped = make_namespace(tmp_path, cluster, stack)
     try:
         coordinator.start()
@@ -294,16 +310,20 @@ def test_chaos_every_record_exactly_once(
             SHARDS,
             netns=netns,
             netns_node=NETNS_NODE if netns is not None else None,
+            zk_proxies=proxies,
+            request_timeout=REQUEST_TIMEOUT,
         )
         targets.start_cluster(timeout=120.0)
         wait_consuming_leaders(cluster, targets.shards, tag)
         watcher.start()
+        liveness = LivenessMonitor(cluster, lambda: list(targets.shards))
         driver = ChaosDriver(targets, seed, session_timeout=SESSION_TIMEOUT)
         # Faults start once the first leaders have flushed (their Spark sessions are up);
         # the producer runs from then until the faults end.
         warm = produce(stack.kafka, topic, WARM_UP, partitions=PARTITIONS, bad_every=BAD_EVERY)
         client = chaos_clickhouse.client(database=DATABASE)
         wait_for(lambda: distinct_rows(client, table) > 0, 180, f"{tag} the first flush")
+        liveness.start()
         producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
         producer.produced |= warm
         producer.start()
@@ -342,6 +362,7 @@ def test_chaos_every_record_exactly_once(
             f"{tag} every bad record in {dead_table} ({len(bad)})",
         )
         time.sleep(4)  # one more flush cycle: nothing may arrive twice afterwards
+        liveness.stop()
         rows = tally(client, table, good)
         dead = tally(client, dead_table, bad)
         cluster.stop()
@@ -374,6 +395,7 @@ def test_chaos_every_record_exactly_once(
             f"{netns_skipped or cuts}\n"
             f"{tag} {consuming_summary(timings, bound)}\n"
             f"{tag} {flushes.summary()}\n"
+            f"{tag} {liveness_summary(driver.faults, driver.began, liveness, STUCK_AFTER)}\n"
             f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
             flush=True,
         )
@@ -400,6 +422,8 @@ def test_chaos_every_record_exactly_once(
         for cut in driver.partitions:
             assert cut.taken_over, f"{tag} nobody took over from partitioned {cut}"
             assert not cut.commits_while_cut, f"{tag} partitioned leader committed: {cut}"
+        lies = liveness.ready_while_stuck(STUCK_AFTER)
+        assert not lies, f"{tag} a shard stuck while its nodes said ready: {lies[:5]}"
         slow = too_slow(timings, bound) if variant.bound_consuming else None
         assert slow is None, f"{tag} {slow}"
         if netns_skipped:
@@ -410,9 +434,13 @@ def test_chaos_every_record_exactly_once(
     finally:
         if producer is not None and producer.is_alive():
             producer.finish()
+        if liveness is not None:
+            liveness.stop()
         watcher.stop()
         coordinator.close()
         cluster.stop()
+        for proxy in proxies.values():
+            proxy.close()
         if netns is not None:
             netns.delete()
         admin.close()
