@@ -39,6 +39,7 @@ from hakafka.config import Config, advertised_host
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.daemon.forwarding import Forwarder
 from hakafka.daemon.history import StatusHistory, sample_of
+from hakafka.daemon.idle_lag import IdleLag, idle_pipelines, owned_watermarks
 from hakafka.daemon.page import status_page
 from hakafka.daemon.reload import plan_reload
 from hakafka.daemon.report import node_status
@@ -211,6 +212,13 @@ class Daemon:
         ]
         self.guard = SettingsGuard(self.coordinator, config, self.runners)
         self.reshard = ReshardFollower(self.coordinator, self.guard, self.runners)
+        self.idle_lag = IdleLag(
+            lambda: idle_pipelines(self.runners, self.config.pipelines),
+            lambda p, shard: self.coordinator.pauses.checkpoint(shard, p.name).offsets.get(
+                p.topic, {}
+            ),
+            lambda p, shard: owned_watermarks(self.config, p, shard),
+        )
 
     def _warm_spark(self) -> None:
         """Start Spark, then once its Python workers (`warm_workers`), so that a new leader's
@@ -252,6 +260,7 @@ class Daemon:
             runner.start()
         # A term that begins during a reshard must begin drained: its state first.
         self.reshard.start()
+        self.idle_lag.start()
         self.reshard.poll()
         self.guard.start()
         log.info(
@@ -299,6 +308,7 @@ class Daemon:
         bound.start()
         for runner in self.runners:
             runner.stop(FLUSH_GRACE_S)
+        self.idle_lag.stop()
         self.coordinator.close()
         self.http.close()
         self.flight.shutdown()
@@ -385,6 +395,12 @@ class Daemon:
                     self.metrics.checkpoint_lag.labels(**labels, partition=str(partition)).set(
                         position - done
                     )
+        # Paused and drained pipelines run no consumer: their lag from checkpoint and watermark.
+        led = {r.shard for r in self.runners if r.leading}
+        for (name, shard), lags in self.idle_lag.lags().items():
+            if shard in led:
+                for partition, behind in lags.items():
+                    self.metrics.kafka_lag.labels(name, str(shard), str(partition)).set(behind)
 
     def _ready_route(self) -> tuple[int, str, bytes]:
         problems = self.problems()
