@@ -4,7 +4,6 @@ says so in `/status`, `hakafka status`, `hakafka_pipeline_state`, and past `stuc
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -12,17 +11,9 @@ import pytest
 from devstack.cluster import StackEndpoints
 from devstack.records import create_topic, produce
 from tests import commands
-from tests.daemon.test_daemon_cluster import landed, samples
+from tests.daemon.test_daemon_cluster import landed, samples, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
-
-
-def wait_for(check: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_a_missing_topic_is_named_and_not_ready_past_the_bound(
