@@ -54,9 +54,11 @@ def test_every_refusal_is_timed_as_answered_with_its_status(served: Served) -> N
 def test_half_sent_requests_hold_at_most_max_connections_handlers(served: Served) -> None:
     held = drive(served, 10, HALF_REQUEST, pace_s=0.002, limit_s=TIMEOUT_S + 10)
     assert held.unended == 0
+    # Those over the cap are read by the overflow reader (no thread each) and dropped
+    # after its 1 s, as the handlers drop theirs after the request timeout: no answer.
     statuses = sorted(status_of(e.answer) for e in held.ended)
-    assert statuses == [0] * CONNECTIONS + [503] * (10 - CONNECTIONS)
+    assert statuses == [0] * 10
     dropped = [e.answer_s for e in held.ended if e.answer == b""]
     assert all(TIMEOUT_S * 0.9 < s < TIMEOUT_S + 2 for s in dropped), dropped
     assert held.most.threads == held.before.threads + CONNECTIONS
-    assert held.probe == 503  # a good request while they hold every handler
+    assert held.probe == 200  # a probe while they hold every handler is still answered

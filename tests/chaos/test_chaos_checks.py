@@ -493,7 +493,7 @@ class ScriptedDriver(ChaosDriver):
     fail as scripted; `log` is what happened, in order."""
 
     def __init__(self, reshards: list[bool]) -> None:
-        targets = SimpleNamespace(netns=None, cluster=SimpleNamespace(nodes={}))
+        targets = SimpleNamespace(netns=None, zk_proxies={}, cluster=SimpleNamespace(nodes={}))
         super().__init__(cast(ChaosTargets, targets), 1, session_timeout=3.0, say=lambda _: None)
         self.script = list(reshards)
         self.log: list[str] = []
