@@ -158,9 +158,9 @@ class Coordinator:
 
     def _reconcile_loop(self) -> None:
         while not self._closing.wait(RECONCILE_EVERY_S):
-            if not self._session.connected:
-                continue  # CONNECTED re-evaluates everything
-            if not self._registration_current and not self._id_taken:
+            if not self._session.connected or self._id_taken:
+                continue  # CONNECTED re-evaluates everything; a taken id stands nowhere
+            if not self._registration_current:
                 self._worker.submit(self._reregister)
             for shard, leadership in list(self._shards.items()):
                 if leadership.left:
