@@ -926,10 +926,11 @@ class LivenessMonitor:
 
 
 def liveness_summary(
-    faults: Sequence[Fault], began: float, monitor: LivenessMonitor, bound: float
+    faults: Sequence[Fault], began: float, monitor: LivenessMonitor, bounds: Sequence[float]
 ) -> str:
     """Per fault kind, the longest time from a fault's end until every shard progressed
-    again, and the samples of a shard stuck past `bound` while its nodes said ready."""
+    again, and for each of `bounds` the samples of a shard stuck past it while its nodes
+    said ready."""
     longest: dict[str, float | None] = {}
     for fault in faults:
         if not fault.outcome.startswith("applied"):
@@ -940,12 +941,17 @@ def liveness_summary(
     kinds = ", ".join(
         f"{kind} {'never' if s is None else f'{s:.1f}s'}" for kind, s in sorted(longest.items())
     )
-    lies = monitor.ready_while_stuck(bound)
+    counts = []
+    for bound in bounds:
+        lies = monitor.ready_while_stuck(bound)
+        worst = max((s.stalled for s in lies), default=None)
+        counts.append(
+            f"{len(lies)} with a shard stuck > {bound:g} s while its nodes said ready"
+            + ("" if worst is None else f" (longest {worst:.1f} s)")
+        )
     return (
         f"liveness: longest fault end -> every shard progressing: {kinds or 'no faults'}; "
-        f"{len(monitor.samples)} samples, {len(lies)} with a shard stuck > {bound:g} s "
-        "while its nodes said ready"
-        + (f" (first: shard {lies[0].shard}, {lies[0].stalled:.0f} s)" if lies else "")
+        f"{len(monitor.samples)} samples, " + ", ".join(counts)
     )
 
 
