@@ -32,7 +32,7 @@ TITLES = {
     "ops": "What the operator's tools cost a running cluster (#25)",
     "security": "What failing closed costs (#22)",
     "read": "read_table over two shards next to one direct query per shard (#24)",
-    "liveness": "Unknown ZooKeeper outcomes resolved, probes under a flood, chaos liveness (#38)",
+    "liveness": "Unknown ZooKeeper outcomes resolved, probes under a flood (#38)",
 }
 HEADER = """# Benchmark results
 
