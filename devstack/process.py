@@ -108,6 +108,24 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and return once every thread of it is stopped: on a loaded machine a
+    thread running at the signal may still answer a request first."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, IndexError):
+                continue  # a thread that ended meanwhile
+            if state not in ("T", "t"):
+                return False
+        return True
+
+    wait_until(stopped, timeout=timeout, what=f"pid {pid} stopped", interval=0.01)
+
+
 def pid_cmdline(pid: int) -> list[str]:
     """The argv of `pid`, or an empty list if it is gone."""
     try:

@@ -13,7 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from devstack.process import running, wait_until
+from devstack.process import freeze, running, wait_until
 from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import (
     Coordinator,
@@ -181,7 +181,7 @@ def test_a_read_against_a_frozen_server_fails_within_the_request_timeout(
             coordinator.register()
             server = zookeeper.members[0].pid
             assert server is not None
-            os.kill(server, signal.SIGSTOP)  # the connection stays up; nothing answers
+            freeze(server)  # the connection stays up; nothing answers
             try:
                 for read in (lambda: coordinator.leader_of(0), coordinator.nodes):
                     started = time.monotonic()
