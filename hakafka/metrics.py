@@ -147,7 +147,8 @@ class Metrics:
                 "1 for the state a pipeline of a led shard is in (one series per pipeline): "
                 "starting, recovering, consuming, draining, drained, failed, stopped, paused "
                 "(by ops), or what it waits for (suspended, kafka_unreachable, "
-                "waiting_for_topic, registry_unavailable, retrying_clickhouse, buffer_full)",
+                "waiting_for_topic, registry_unavailable, retrying_clickhouse, buffer_full, "
+                "checkpoint_overdue)",
                 [*p, "state"],
                 registry=reg,
             ),

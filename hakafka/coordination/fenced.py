@@ -8,6 +8,7 @@ forward: a commit below the committed offset is refused (`CheckpointRegressionEr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,13 @@ class FencedState:
         path = paths.checkpoint(self.shard, pipeline)
         got = self._session.get(path)
         return {} if got is None else decode_checkpoint(path, got[0])
+
+    def checkpoint_age(self, pipeline: str) -> float | None:
+        """Seconds since `pipeline`'s checkpoint was last written, by this term or an earlier
+        one (ZooKeeper's mtime against this clock, at least 0); None if there is none."""
+        self._require_leading("checkpoint_age")
+        stat = self._session.exists(paths.checkpoint(self.shard, pipeline))
+        return None if stat is None else max(0.0, time.time() - stat.mtime / 1000.0)
 
     def read_other_checkpoints(self, pipeline: str) -> dict[int, Checkpoint]:
         """`pipeline`'s checkpoints in the other shards, by shard (those that have one)."""

@@ -132,6 +132,16 @@ class ConsumeLane:
         self._refresh_failures = 0
         return REFRESH_PARTITIONS_S
 
+    def _nothing_owed(self) -> bool:
+        """After an empty poll: True when the term has nothing waiting (no lag, an empty
+        buffer, no pending block): a quiet topic, whose last checkpoint's age is no stall."""
+        status = self.lane.status
+        return (
+            status.pending_block is None
+            and not any(self.lag.values())
+            and self.lane.buffer.stats().rows == 0
+        )
+
     def _record_ranges(self, decoded: DecodedBatch, positions: dict[int, int]) -> Ranges:
         """The WAL record's range per partition: from where the last record ended to the
         position after this batch, minus one (both in positions, so records are contiguous
@@ -182,6 +192,8 @@ class ConsumeLane:
             messages = consumer.consume(CONSUME_BATCH, POLL_TIMEOUT_S)
             self.positions, self.lag = consumer.position(), consumer.lag()
             if not messages:
+                if Waiting.CHECKPOINT_OVERDUE in lane.status.waits and self._nothing_owed():
+                    lane.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)
                 continue
             decoded = self._decode(messages)
             ranges = self._record_ranges(decoded, self.positions)

@@ -202,6 +202,7 @@ class FlushLane:
                 self.mirror.publish(self.checkpoint)
             lane.buffer.commit(block)
             signals.note_commit()
+            lane.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)
             self._truncate_wal()
             took = time.monotonic() - began
             status = lane.status

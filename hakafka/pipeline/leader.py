@@ -324,6 +324,16 @@ class PipelineLeader:
         block while the consumer already runs, and seals the next block only after it."""
         name, topic, fenced = self.config.name, self.config.topic, self._parts.fenced
         self._flush.checkpoint = checkpoint_offsets(fenced.read_checkpoint(name), topic)
+        if (age := fenced.checkpoint_age(name)) is not None:
+            # Until this term commits or finds nothing waiting (see ConsumeLane): the shard
+            # has made no progress since its last checkpoint, whoever wrote it.
+            since = time.monotonic() - age
+            self.status.waits[Waiting.CHECKPOINT_OVERDUE] = Wait(
+                Waiting.CHECKPOINT_OVERDUE,
+                since,
+                "data waits and the shard's last checkpoint was written "
+                f"{age:.0f} s before this term began",
+            )
         pending = fenced.read_pending(name)
         self._log.info(
             "pipeline.recovering",

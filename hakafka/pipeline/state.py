@@ -48,6 +48,10 @@ class Waiting(StrEnum):
     """Flushes (or table creation) fail in a row: the block is retried."""
     BUFFER_FULL = "buffer_full"
     """Consumption paused at the buffer limit until a flush commits."""
+    CHECKPOINT_OVERDUE = "checkpoint_overdue"
+    """A new term found data waiting (a pending block, WAL rows, Kafka lag) and has not
+    committed yet: counted from the shard's last checkpoint, by whichever term wrote it, so
+    a shard stalled across a leadership change is not reported as freshly started."""
 
 
 @dataclass(frozen=True)

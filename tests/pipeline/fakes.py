@@ -230,12 +230,14 @@ class FakeFenced:
         self.fenced = False
         self.refuse_writes = False  # as while the ZooKeeper connection is suspended
         self.commits = 0
+        self.committed_at: float | None = None  # Unix time of the last checkpoint write
         self._lock = threading.Lock()
 
     def next_term(self) -> FakeFenced:
         """The same state seen by the next leader."""
         following = FakeFenced(self.epoch + 1)
         following.checkpoint, following.pending = self.checkpoint, self.pending
+        following.committed_at = self.committed_at
         following.others = self.others
         return following
 
@@ -246,6 +248,10 @@ class FakeFenced:
     def read_checkpoint(self, pipeline: str) -> Checkpoint:
         self._check()
         return {t: dict(o) for t, o in self.checkpoint.items()}
+
+    def checkpoint_age(self, pipeline: str) -> float | None:
+        self._check()
+        return None if self.committed_at is None else max(0.0, time.time() - self.committed_at)
 
     def read_other_checkpoints(self, pipeline: str) -> dict[int, Checkpoint]:
         self._check()
@@ -269,6 +275,7 @@ class FakeFenced:
                 self.checkpoint.setdefault(topic, {}).update(parts)
             self.pending = None
             self.commits += 1
+            self.committed_at = time.time()
             return {t: dict(o) for t, o in self.checkpoint.items()}
 
 

@@ -80,3 +80,36 @@ def test_time_suspended_counts_as_no_progress(
     assert kinds(leader) == set() and leader.stalled_for(time.monotonic()) < 1.0
     topic.produce(0, 5)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 5}, "its rows committed")
+
+
+def test_a_new_term_with_data_waiting_counts_from_the_shards_last_checkpoint(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # The previous leader committed 40 s ago and died; data kept arriving. The new term is
+    # not "fresh": the shard has stood still since that checkpoint, until this term commits.
+    topic = Topic(partitions=1)
+    topic.produce(0, 30)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.fenced.committed_at = time.time() - 40.0
+    h.sink.gate.clear()  # the first flush hangs (a Spark that takes its time to start)
+    leader = start(h, leaders)
+    wait_for(lambda: h.sink.attempts >= 1, "the first flush under way")
+    now = time.monotonic()
+    assert leader.stalled_for(now) >= 40.0
+    assert leader.stall_reason(now).startswith("checkpoint_overdue for 4")
+    h.sink.gate.set()
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the first commit")
+    assert Waiting.CHECKPOINT_OVERDUE not in kinds(leader)
+    assert leader.stalled_for(time.monotonic()) < 5.0
+
+
+def test_a_quiet_topic_is_no_stall_however_old_its_last_checkpoint(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    topic = Topic(partitions=1)
+    h = Harness(tmp_path, pipeline_config(), topic)
+    h.fenced.committed_at = time.time() - 3600.0  # the last message came an hour ago
+    leader = start(h, leaders)
+    wait_for(lambda: leader.status.state is PipelineState.CONSUMING, "consuming")
+    wait_for(lambda: Waiting.CHECKPOINT_OVERDUE not in kinds(leader), "nothing owed")
+    assert leader.stalled_for(time.monotonic()) < 5.0
