@@ -3,7 +3,8 @@
 Between a leader's death and its session's expiry, `leader` still names it; a caller that
 gives up at the first refused connection fails for the whole failover window. `ask_leader`
 re-reads `leader` and asks again until one answers or `wait_s` passes (a recipe: the
-reader and the question are passed in).
+reader and the question are passed in; the question raises `LeaderNotAnswering` when the
+leader did not answer, or cannot be asked yet).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ T = TypeVar("T")
 POLL_S = 0.25
 
 
+class LeaderNotAnswering(Exception):  # noqa: N818 (a signal to ask again, not a failure)
+    """Raised by `ask`: the leader did not answer (connection refused or dropped), is not
+    registered, or cannot be asked yet; the text says which."""
+
+
 class LeaderUnavailableError(CoordinationError):
     """No leader of the shard answered within the wait; the text names the shard and the
     last reason (no leader, or its leader did not answer)."""
@@ -30,12 +36,11 @@ def ask_leader(
     ask: Callable[[LeaderInfo], T],
     *,
     wait_s: float,
-    unavailable: Callable[[Exception], bool],
 ) -> T:
     """`ask(leader)` for `shard`'s current leader. While the shard has no leader, or `ask`
-    raises an exception `unavailable` accepts (the leader did not answer), `leader` is read
-    again every 0.25 s; past `wait_s` LeaderUnavailableError. Any other exception from `ask`
-    (the leader answered with an error) propagates at once."""
+    raises `LeaderNotAnswering`, `leader` is read again every 0.25 s; past `wait_s`
+    LeaderUnavailableError. Any other exception from `ask` (the leader answered with an
+    error) propagates at once."""
     deadline = time.monotonic() + wait_s
     while True:
         leader = leader_of(shard)
@@ -44,9 +49,7 @@ def ask_leader(
         else:
             try:
                 return ask(leader)
-            except Exception as exc:
-                if not unavailable(exc):
-                    raise
+            except LeaderNotAnswering as exc:
                 last = f"its leader {leader.node} (epoch {leader.epoch}) does not answer: {exc}"
         left = deadline - time.monotonic()
         if left <= 0:

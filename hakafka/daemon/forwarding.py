@@ -25,21 +25,17 @@ from buffer.client import query as remote_query
 from buffer.sql import QueryError, shard_of
 from buffer.tls import ClientTls
 from hakafka.coordination import LeaderInfo, NodeInfo
-from hakafka.coordination.leader_wait import LeaderUnavailableError, ask_leader
+from hakafka.coordination.leader_wait import (
+    LeaderNotAnswering,
+    LeaderUnavailableError,
+    ask_leader,
+)
 
 FORWARD_TIMEOUT_S = 60.0
 
 
 class ForwardingError(RuntimeError):
     """The query cannot be forwarded; the text names the shard, the nodes and why."""
-
-
-class _NotYetError(Exception):
-    """The shard's leader cannot be asked yet (elected, not registered or not leading)."""
-
-
-def _unanswered(exc: Exception) -> bool:
-    return isinstance(exc, _NotYetError) or (isinstance(exc, QueryFailedError) and exc.unavailable)
 
 
 class Directory(Protocol):
@@ -96,7 +92,6 @@ class Forwarder:
                 self.directory.leader_of,
                 lambda leader: self._ask(leader, shard, sql),
                 wait_s=self.wait_s,
-                unavailable=_unanswered,
             )
         except LeaderUnavailableError as exc:
             raise ForwardingError(str(exc)) from None
@@ -107,21 +102,26 @@ class Forwarder:
         if shard in self.leading():
             return None
         if leader.node == me:
-            raise _NotYetError(f"{me} won its election but leads it not yet")
+            raise LeaderNotAnswering(f"{me} won its election but leads it not yet")
         endpoints = self.directory.nodes().get(leader.node)
         if endpoints is None:
-            raise _NotYetError(f"{leader.node} is not registered")
+            raise LeaderNotAnswering(f"{leader.node} is not registered")
         if endpoints.flight == self.directory.endpoints.flight:
             raise ForwardingError(
                 f"shard {shard}: its leader {leader.node} registered {endpoints.flight}, the "
                 f"address of {me} itself; set server.advertise on both nodes"
             )
-        return remote_query(
-            endpoints.flight,
-            sql,
-            self.token,
-            self.timeout_s,
-            tls=self.tls,
-            forwarded_by=me,
-            shard=shard,
-        )
+        try:
+            return remote_query(
+                endpoints.flight,
+                sql,
+                self.token,
+                self.timeout_s,
+                tls=self.tls,
+                forwarded_by=me,
+                shard=shard,
+            )
+        except QueryFailedError as exc:
+            if exc.unavailable:
+                raise LeaderNotAnswering(str(exc)) from exc
+            raise

@@ -14,7 +14,11 @@ from buffer.client import query as remote_query
 from buffer.formats import json_document
 from buffer.tls import ClientTls
 from hakafka.coordination import Coordinator, LeaderInfo
-from hakafka.coordination.leader_wait import LeaderUnavailableError, ask_leader
+from hakafka.coordination.leader_wait import (
+    LeaderNotAnswering,
+    LeaderUnavailableError,
+    ask_leader,
+)
 from hakafka.ops.cluster import OpsError, format_table
 
 
@@ -24,10 +28,6 @@ class Answer:
 
     table: pa.Table
     skipped: dict[int, str]
-
-
-class _NotRegisteredError(Exception):
-    """The leader's `nodes/<node>` is gone: it died and its session ended."""
 
 
 def query_shards(
@@ -56,8 +56,8 @@ def query_shards(
 
         def ask(leader: LeaderInfo, shard: int = shard) -> pa.Table:
             endpoints = coordinator.nodes().get(leader.node)
-            if endpoints is None:
-                raise _NotRegisteredError(f"{leader.node} is not registered")
+            if endpoints is None:  # it died and its session ended
+                raise LeaderNotAnswering(f"{leader.node} is not registered")
             url = endpoints.flight
             try:
                 return remote_query(url, sql, token, tls=tls, shard=shard)
@@ -65,15 +65,11 @@ def query_shards(
                 raise OpsError(f"shard {shard}: its leader {leader.node}: {exc}") from None
             except QueryFailedError as exc:
                 if exc.unavailable:
-                    raise
+                    raise LeaderNotAnswering(str(exc)) from exc
                 raise OpsError(f"shard {shard}: its leader {leader.node} at {url}: {exc}") from None
 
         try:
-            tables.append(
-                ask_leader(
-                    shard, coordinator.leader_of, ask, wait_s=wait_s, unavailable=_unanswered
-                )
-            )
+            tables.append(ask_leader(shard, coordinator.leader_of, ask, wait_s=wait_s))
         except LeaderUnavailableError as exc:
             if not partial:
                 raise OpsError(f"{exc}; see `hakafka status`") from None
@@ -81,12 +77,6 @@ def query_shards(
     if not tables:
         raise OpsError("no shard answered: " + "; ".join(skipped.values()))
     return Answer(pa.concat_tables(tables, promote_options="default"), skipped)
-
-
-def _unanswered(exc: Exception) -> bool:
-    return isinstance(exc, _NotRegisteredError) or (
-        isinstance(exc, QueryFailedError) and exc.unavailable
-    )
 
 
 def render(table: pa.Table, fmt: str) -> bytes:
