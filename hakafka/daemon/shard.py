@@ -198,7 +198,6 @@ class ShardRunner:
         self._pauses_checked = 0.0  # monotonic time the pause deadlines were last read
         self._resumed: set[str] = set()  # resumed by ops, not started yet (term suspended)
         self._log = log.bind(shard=shard)
-        self._node = coordinator.node_id
         self._handover = handover
 
     def start(self) -> None:
@@ -362,7 +361,8 @@ class ShardRunner:
             )
         else:
             return False
-        others = [n for n in self._coordinator.candidates(self.shard) if n != self._node]
+        me = self._coordinator.node_id
+        others = [n for n in self._coordinator.candidates(self.shard) if n != me]
         if not others:
             self._log.error("leader.no_one_to_hand_over_to", reason=reason)
             return False

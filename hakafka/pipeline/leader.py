@@ -327,12 +327,11 @@ class PipelineLeader:
         if (age := fenced.checkpoint_age(name)) is not None:
             # Until this term commits or finds nothing waiting (see ConsumeLane): the shard
             # has made no progress since its last checkpoint, whoever wrote it.
-            since = time.monotonic() - age
-            self.status.waits[Waiting.CHECKPOINT_OVERDUE] = Wait(
+            self.status.wait(
                 Waiting.CHECKPOINT_OVERDUE,
-                since,
                 "data waits and the shard's last checkpoint was written "
                 f"{age:.0f} s before this term began",
+                since=time.monotonic() - age,
             )
         pending = fenced.read_pending(name)
         self._log.info(

@@ -116,11 +116,15 @@ class PipelineStatus:
     # True when it failed on this node's own disk: the shard should move to another node.
     local_fault: bool = False
 
-    def wait(self, kind: Waiting, detail: str) -> bool:
-        """Record that the pipeline waits for `kind` (keeping when it began); True if the
-        wait is new."""
+    def wait(self, kind: Waiting, detail: str, since: float | None = None) -> bool:
+        """Record that the pipeline waits for `kind` (keeping when it began; a new wait
+        began now, or at `since`, monotonic time); True if the wait is new."""
         began = self.waits.get(kind)
-        self.waits[kind] = Wait(kind, time.monotonic() if began is None else began.since, detail)
+        if began is not None:
+            since = began.since
+        elif since is None:
+            since = time.monotonic()
+        self.waits[kind] = Wait(kind, since, detail)
         return began is None
 
     def done_waiting(self, kind: Waiting) -> Wait | None:
