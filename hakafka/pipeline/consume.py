@@ -72,12 +72,12 @@ class ConsumeLane:
             self.lane.signals.check_stop("stopped before the consumer was assigned")
             try:
                 assigned = consumer.assign(starts)
+                self._metadata_answered(consumer)
                 break
             except KafkaMetadataError as exc:
                 attempt += 1
                 delay = self._metadata_retry("assign", exc, attempt)
                 _sleep_beating(self.lane.signals, delay, "retrying Kafka metadata")
-        self._metadata_answered(consumer)
         self._recorded = consumer.position()
         self.lane.log.info(
             "consumer.assigned",

@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.state import Waiting
-from tests.pipeline.fakes import TOPIC, Harness, Topic, pipeline_config, start, wait_for
+from tests.pipeline.fakes import (
+    TOPIC,
+    FakeConsumer,
+    Harness,
+    Topic,
+    pipeline_config,
+    start,
+    wait_for,
+)
 
 
 def kinds(leader: PipelineLeader) -> set[Waiting]:
@@ -113,3 +122,25 @@ def test_a_quiet_topic_is_no_stall_however_old_its_last_checkpoint(
     wait_for(lambda: leader.status.state is PipelineState.CONSUMING, "consuming")
     wait_for(lambda: Waiting.CHECKPOINT_OVERDUE not in kinds(leader), "nothing owed")
     assert leader.stalled_for(time.monotonic()) < 5.0
+
+
+def test_metadata_failing_right_after_the_assignment_is_retried_not_a_failure(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The assignment read metadata (no topic yet); the look for the topic right after it
+    # finds Kafka gone: a metadata error like any other, retried, not a failed pipeline.
+    monkeypatch.setattr("hakafka.pipeline.consume.METADATA_RETRY_S", 0.05)
+    calls = []
+    answer = FakeConsumer.topic_partitions
+
+    def flaky(self: FakeConsumer) -> list[int]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KafkaMetadataError("topic events: metadata request failed: broker down")
+        return answer(self)
+
+    monkeypatch.setattr(FakeConsumer, "topic_partitions", flaky)
+    h = Harness(tmp_path, pipeline_config(), Topic(partitions=0))
+    leader = start(h, leaders)
+    wait_for(lambda: Waiting.TOPIC_MISSING in kinds(leader), "the topic wait")
+    assert leader.status.state is PipelineState.CONSUMING and leader.status.error is None
