@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -32,7 +33,6 @@ _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
 )
-_REASONS = {200: "OK", 503: "Service Unavailable"}
 OVERFLOW_READ_S = 1.0  # how long a connection over the cap may take to send its request head
 OVERFLOW_MAX = 256  # connections over the cap read at once; past it, 503 at once
 OVERFLOW_HEAD_BYTES = 8192
@@ -306,7 +306,11 @@ class _Overflow:
         except OSError:
             self._finish(waiting, None)
             return
-        self._finish(waiting, self._answer(waiting.head))
+        try:
+            response = self._answer(waiting.head)
+        except Exception:  # a route that failed: its connection ends, the reader goes on
+            response = None
+        self._finish(waiting, response)
 
     def _answer(self, head: bytes) -> bytes:
         """The response to a request head: a public route's, else the 503."""
@@ -317,7 +321,7 @@ class _Overflow:
             if route is not None and route.public:
                 status, content_type, body = route.handler()
                 return (
-                    f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
+                    f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
                     f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                     "Connection: close\r\n\r\n"
                 ).encode() + body

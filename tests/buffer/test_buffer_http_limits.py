@@ -228,6 +228,37 @@ def test_probes_answer_within_a_second_while_half_sent_requests_hold_every_conne
         server.close()
 
 
+def test_a_probe_route_that_fails_over_the_cap_ends_its_connection_only(
+    engine: SqlEngine,
+) -> None:
+    def broken() -> tuple[int, str, bytes]:
+        raise RuntimeError("the route failed")
+
+    server = HttpQueryServer(
+        engine,
+        token=TOKEN,
+        routes={
+            "/health": Route(lambda: (200, "text/plain", b"ok\n"), public=True),
+            "/broken": Route(broken, public=True),
+        },
+        limits=ServerLimits(max_connections=1, request_timeout=WAIT_S),
+    )
+    server.start()
+    held = connect(server)
+    try:
+        held.sendall(b"GET /health HTTP/1.1\r\n")  # half-sent: holds the one handler
+        time.sleep(0.2)
+        with connect(server) as sock:
+            sock.sendall(b"GET /broken HTTP/1.1\r\n\r\n")
+            assert sock.recv(1) == b""  # closed, no answer
+        # The overflow reader goes on: the next probe is still answered.
+        status, _, body, _ = exchange(server, "GET /health HTTP/1.1\r\n\r\n")
+        assert (status, body) == (200, b"ok\n")
+    finally:
+        held.close()
+        server.close()
+
+
 class Gate:
     """A forward hook that holds each query until released (bounded), answering nothing."""
 
