@@ -250,10 +250,17 @@ class ShardRunner:
 
     def problems(self, now: float) -> list[str]:
         """Why this shard makes the node not ready, one line each ([] when it is ready): its
-        event thread died, or a pipeline of its term failed, stopped, or made no progress for
-        `stuck_after_s` (a hung thread, or a wait: suspended, Kafka or the topic missing,
-        the registry away, ClickHouse failing, the buffer full)."""
-        found = [] if self._thread.is_alive() else [f"shard {self.shard}: its event thread died"]
+        event thread is not running (not started yet, or died), or a pipeline of its term
+        failed, stopped, or made no progress for `stuck_after_s` (a hung thread, or a wait:
+        suspended, Kafka or the topic missing, the registry away, ClickHouse failing, the
+        buffer full, a checkpoint overdue)."""
+        found = []
+        if not self._thread.is_alive():
+            started = self._thread.ident is not None
+            found.append(
+                f"shard {self.shard}: "
+                + ("its event thread died" if started else "not started yet")
+            )
         for p in self.pipelines:
             where, state = f"shard {self.shard} pipeline {p.config.name}", p.status.state
             if not (state.live or state is PipelineState.DRAINED):

@@ -88,6 +88,9 @@ def test_every_command_on_a_two_node_cluster(
 
     # Only the health probes and the Prometheus scrape answer without the token.
     n1 = cluster.nodes["n1"]
+    # /health answers as soon as the HTTP server runs, /ready once the daemon has started;
+    # n2 may have won both elections while n1 was still starting.
+    wait_for(lambda: n1.get("/ready", token="")[0] == 200, 30, "n1 to finish starting")
     assert n1.get("/status", token="")[0] == 401
     assert n1.get("/status", token="wrong")[0] == 401
     assert [n1.get(path, token="")[0] for path in ("/health", "/ready", "/metrics")] == [200] * 3
