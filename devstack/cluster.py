@@ -198,9 +198,18 @@ class DaemonNode:
         self.process.start()
 
     def wait_up(self, timeout: float = 60.0) -> None:
-        """Wait until the admin endpoint answers /health."""
+        """Wait until the admin endpoint answers /health and the daemon finished starting
+        (registered, its shard runners running): /health answers from the moment the HTTP
+        server runs, before that."""
         assert self.process is not None
-        self.process.wait_ready(lambda: self.get("/health")[0] == 200, timeout=timeout)
+        self.process.wait_ready(
+            lambda: self.get("/health")[0] == 200 and self.started(), timeout=timeout
+        )
+
+    def started(self) -> bool:
+        """True once `/ready` no longer names a shard runner that is not started yet."""
+        code, body = self.get("/ready")
+        return code == 200 or b"not started yet" not in body
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
