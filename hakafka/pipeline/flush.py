@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -35,6 +36,8 @@ from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 FLUSH_CHECK_S = 0.05
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 10.0
+# How often a re-flush waiting for recovery's WAL pass checks for a stop.
+WAL_PASS_CHECK_S = 0.1
 
 T = TypeVar("T")
 
@@ -45,8 +48,9 @@ class PendingReflush:
 
     intent: PendingIntent
     ranges: dict[int, OffsetRange]
-    block: PipelineBlock | None
-    """Its rows from the local WAL; None: the WAL lacks some, they are re-read from Kafka."""
+    block: Future[PipelineBlock | None]
+    """Its rows from the local WAL, set by recovery's WAL pass (which runs while the tables
+    are made); None: the WAL lacks some, they are re-read from Kafka."""
 
 
 @dataclass
@@ -127,8 +131,8 @@ class FlushLane:
         # In flight from here (a re-fetch can take a while): stop(grace) waits, then abandons.
         lane.signals.flush_idle.clear()
         try:
-            if pending.block is not None:
-                source, block = "wal", pending.block
+            if (local := self._wal_block(pending)) is not None:
+                source, block = "wal", local
             else:
                 source = "kafka"
                 rows, dead = self._retry(
@@ -157,6 +161,16 @@ class FlushLane:
         finally:
             lane.status.reflushing = False
             lane.signals.flush_idle.set()
+
+    def _wal_block(self, pending: PendingReflush) -> PipelineBlock | None:
+        """The pending block from the local WAL once recovery's pass has decided (None: from
+        Kafka); PipelineStopped if the pipeline stops first."""
+        while True:
+            self.lane.signals.check_stop("stopped while recovery read the WAL")
+            try:
+                return pending.block.result(timeout=WAL_PASS_CHECK_S)
+            except TimeoutError:
+                continue
 
     def _step(self) -> None:
         """Called by a long re-fetch on every poll: beats, and ends it when stopping."""

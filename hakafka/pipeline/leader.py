@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from concurrent.futures import Future
 
 import structlog
 
@@ -46,13 +46,11 @@ from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import PipelineParts, Wal
 from hakafka.pipeline.replay import (
+    PendingScan,
     ReplayCursor,
     WalIndex,
     checkpoint_offsets,
-    covers,
-    overlap,
     pending_ranges,
-    pending_rows,
     record_ranges,
     select_rows,
 )
@@ -64,7 +62,7 @@ from hakafka.pipeline.state import (
     Wait,
     Waiting,
 )
-from hakafka.pipeline.walcodec import SchemaChangeError, SchemaConverter, WalBatch
+from hakafka.pipeline.walcodec import SchemaChangeError, SchemaConverter
 from hakafka.settings import thresholds_of
 
 log = structlog.get_logger("hakafka.pipeline")
@@ -74,6 +72,15 @@ JOIN_TIMEOUT_S = 10.0
 
 class LayoutError(Exception):
     """This shard owns a partition whose checkpoint is in another shard."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingFromWal:
+    """What recovery's WAL pass gathers for a pending block, and where it hands it over."""
+
+    block_id: str
+    scan: PendingScan
+    block: Future[PipelineBlock | None]
 
 
 class PipelineLeader:
@@ -258,10 +265,10 @@ class PipelineLeader:
         try:
             self.status.enter(PipelineState.RECOVERING, self._log)
             wal = self._open_wal()
-            starts = self._recover(wal)
+            starts, pending = self._recover()
             self._signals.check_stop("stopped during recovery")
             self._flusher.start()
-            starts.update(self._replay(wal, starts))
+            starts.update(self._replay(wal, starts, pending))
             if self.drain:
                 self._await_drained()
                 return
@@ -315,10 +322,11 @@ class PipelineLeader:
             self._log.error("wal.repaired", directory=str(wal.directory), report=repr(report))
         return wal
 
-    def _recover(self, wal: Wal) -> dict[int, int]:
-        """Read checkpoint and pending, hand the pending block to the flush lane (rows from
-        the local WAL when it has every offset, else to be re-read from Kafka there); return
-        where this term's data starts: after the checkpoint, or after the pending block.
+    def _recover(self) -> tuple[dict[int, int], _PendingFromWal | None]:
+        """Read checkpoint and pending from ZooKeeper and hand the pending block to the flush
+        lane, its rows to follow from the WAL pass (`_replay`); return where this term's data
+        starts (after the checkpoint, or after the pending block) and what that pass must
+        gather for the block.
 
         Nothing here waits for Spark or ClickHouse: the flush lane re-flushes the pending
         block while the consumer already runs, and seals the next block only after it."""
@@ -342,13 +350,13 @@ class PipelineLeader:
         )
         self._check_layout(fenced.read_other_checkpoints(name))
         starts = dict(self._flush.checkpoint)
-        if pending is not None:
-            wanted = pending_ranges(pending, topic)
-            self._flush.pending = PendingReflush(
-                pending, wanted, self._pending_from_wal(wal, pending.block_id, wanted)
-            )
-            starts.update({p: rng.last + 1 for p, rng in wanted.items()})
-        return starts
+        if pending is None:
+            return starts, None
+        wanted = pending_ranges(pending, topic)
+        gathered = _PendingFromWal(pending.block_id, PendingScan(topic, wanted), Future())
+        self._flush.pending = PendingReflush(pending, wanted, gathered.block)
+        starts.update({p: rng.last + 1 for p, rng in wanted.items()})
+        return starts, gathered
 
     def _check_layout(self, elsewhere: dict[int, Checkpoint]) -> None:
         """LayoutError if a partition this shard owns has no checkpoint here but one in
@@ -364,47 +372,41 @@ class PipelineLeader:
                         "restore the recorded layout, then run hakafka reshard with this one"
                     )
 
-    def _pending_from_wal(
-        self, wal: Wal, block_id: str, wanted: dict[int, OffsetRange]
-    ) -> PipelineBlock | None:
-        """The pending block rebuilt from the local WAL, or None if it lacks some offset.
-        Only records that hold some of its offsets are decoded."""
-        topic = self.config.topic
-        why = "stopped while reading the pending block"
-        held: list[dict[int, OffsetRange]] = []
-        for record in wal.replay():
-            self._signals.check_stop(why)
-            held.append(record_ranges(record, topic))
-        if not covers(held, wanted):
-            return None
-
-        def overlapping() -> Iterator[WalBatch]:
-            for record, ranges in zip(wal.replay(), held, strict=False):
-                self._signals.check_stop(why)
-                if any(p in wanted and overlap(r, wanted[p]) for p, r in ranges.items()):
-                    yield self._schemas.decode(record)
-
-        rows, dead = pending_rows(overlapping(), topic, wanted, self.buffer.rows.schema)
-        return make_block(block_id, {(topic, p): rng for p, rng in wanted.items()}, rows, dead)
-
-    def _replay(self, wal: Wal, starts: dict[int, int]) -> dict[int, int]:
-        """Put WAL records at or past `starts` back into the buffer; return the next offset
-        per partition the WAL had (a gap ends a partition's replay)."""
+    def _replay(
+        self, wal: Wal, starts: dict[int, int], pending: _PendingFromWal | None
+    ) -> dict[int, int]:
+        """The one pass over the WAL before consuming: index every record, gather the
+        pending block's rows (handed to the flush lane before the first replayed batch, or
+        at the end), and put records at or past `starts` back into the buffer; return the
+        next offset per partition the WAL had (a gap ends a partition's replay)."""
         topic = self.config.topic
         cursor = ReplayCursor(dict(starts))
         replayed = 0
         for record in wal.replay():
             self._signals.check_stop("stopped during replay")
-            ranges = self._owned(record_ranges(record, topic))
-            self._index.add(record.position, ranges)
-            keep = cursor.accept(ranges)
+            ranges = record_ranges(record, topic)
+            owned = self._owned(ranges)
+            self._index.add(record.position, owned)
+            keep = cursor.accept(owned)
+            batch = None
+            if pending is not None and not pending.block.done():
+                # In WAL order a block's records come before those consumed after its seal:
+                # the first record to replay ends the search for the pending one.
+                wanted = pending.scan.wants(ranges)
+                batch = self._schemas.decode(record) if wanted or keep else None
+                pending.scan.note(ranges, batch if wanted else None)
+                if keep:
+                    self._hand_over(pending)
             if not keep:
                 continue
-            batch = self._schemas.decode(record)
+            batch = batch or self._schemas.decode(record)
             rows = select_rows(batch.rows, keep)
             dead = select_rows(batch.dead_letters, keep) if batch.dead_letters is not None else None
+            # May wait at the buffer's limit for a commit: the pending block is handed over.
             self._consume.append(rows, dead, {(topic, p): rng for p, rng in keep.items()})
             replayed += rows.num_rows
+        if pending is not None and not pending.block.done():
+            self._hand_over(pending)
         self.status.replayed_rows = replayed
         self._log.info(
             "wal.replayed",
@@ -413,6 +415,21 @@ class PipelineLeader:
             gaps=sorted(cursor.closed),
         )
         return cursor.next_offsets
+
+    def _hand_over(self, pending: _PendingFromWal) -> None:
+        """Give the flush lane the pending block from the records seen (None: from Kafka)."""
+        found = pending.scan.rows(self.buffer.rows.schema)
+        topic = self.config.topic
+        block = (
+            None
+            if found is None
+            else make_block(
+                pending.block_id,
+                {(topic, p): rng for p, rng in pending.scan.wanted.items()},
+                *found,
+            )
+        )
+        pending.block.set_result(block)
 
     def _owned(self, ranges: dict[int, OffsetRange]) -> dict[int, OffsetRange]:
         """The ranges of partitions this shard owns: a WAL written under an earlier layout

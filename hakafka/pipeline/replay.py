@@ -1,7 +1,8 @@
 """Offset bookkeeping for WAL replay, pending re-flush and WAL truncation (pure logic).
 
 A pipeline reads one topic; its WAL holds one record per consumed batch with the exact
-offset range per partition. Three questions are answered here, without touching Arrow data:
+offset range per partition. Three questions are answered here, from record headers (the
+rows of a record are decoded only where a caller needs them):
 
 - replay: which offsets of each record go back into the buffer after a restart, given the
   checkpoint. Only offsets contiguous from the checkpoint are replayed: a gap in the WAL
@@ -88,6 +89,40 @@ def covers(records: Iterable[PartitionRanges], wanted: PartitionRanges) -> bool:
         if reach <= need.last:
             return False
     return True
+
+
+@dataclass
+class PendingScan:
+    """A pending block's rows gathered during recovery's one pass over the WAL.
+
+    Every record's ranges are `note`d (coverage needs them all); the decoded rows of those
+    that hold some pending offset are kept (`wants` says which). `rows` answers once: the
+    block's rows and dead letters if the records seen so far cover every wanted offset,
+    else None (the block is re-read from Kafka). Either answer is correct; the WAL's is
+    cheaper, and holds what Kafka's retention may already have dropped.
+    """
+
+    topic: str
+    wanted: PartitionRanges
+    _held: list[PartitionRanges] = field(default_factory=list)
+    _batches: list[WalBatch] = field(default_factory=list)
+
+    def wants(self, ranges: PartitionRanges) -> bool:
+        """Whether a record with `ranges` holds some offset of the pending block."""
+        return any(p in self.wanted and overlap(r, self.wanted[p]) for p, r in ranges.items())
+
+    def note(self, ranges: PartitionRanges, batch: WalBatch | None) -> None:
+        """A record's ranges, with its decoded rows if `wants` said it holds pending offsets."""
+        self._held.append(ranges)
+        if batch is not None:
+            self._batches.append(batch)
+
+    def rows(self, rows_schema: pa.Schema) -> tuple[pa.Table, pa.Table | None] | None:
+        """The pending block's (rows, dead letters) from the records noted, or None if they
+        lack some of its offsets."""
+        if not covers(self._held, self.wanted):
+            return None
+        return pending_rows(self._batches, self.topic, self.wanted, rows_schema)
 
 
 def overlap(a: OffsetRange, b: OffsetRange) -> OffsetRange | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from tests.pipeline.fakes import (
     start,
     wait_for,
 )
+from wal import Position, Record, WriteAheadLog
 
 
 def insert_then_lose_the_term(
@@ -317,7 +318,7 @@ def test_a_paused_consumer_with_no_flush_committing_is_stalled(
 
 
 def test_new_leader_replays_what_the_old_one_consumed_after_its_pending_block(
-    tmp_path: Path, leaders: list[PipelineLeader]
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The old leader went on consuming while its first block was in flight: those offsets are
     # in its WAL, after the pending block. The next leader on this node flushes the pending
@@ -329,11 +330,28 @@ def test_new_leader_replays_what_the_old_one_consumed_after_its_pending_block(
         wait_for(lambda: first.positions() == {0: 170}, "the old leader to consume on")
 
     pending_end = insert_then_lose_the_term(h, leaders, consume_on).ranges[TOPIC][0][1]
+    passes = count_wal_passes(monkeypatch)
     second = start(h, leaders)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 170}, "both blocks committed")
     assert second.status.replayed_rows == 170 - pending_end
     assert h.consumers[-1].assigned_from == {0: 170}
     assert h.sink.offsets() == every_offset(topic)
+    # The pending block came from the WAL (not Kafka) in the same pass as the replay.
+    assert h.refetch is not None and h.refetch.calls == 0
+    assert passes == [None]
+
+
+def count_wal_passes(monkeypatch: pytest.MonkeyPatch) -> list[Position | None]:
+    """The `start` of every `WriteAheadLog.replay` call from now on."""
+    calls: list[Position | None] = []
+    replay = WriteAheadLog.replay
+
+    def counted(wal: WriteAheadLog, start: Position | None = None) -> Iterator[Record]:
+        calls.append(start)
+        return replay(wal, start)
+
+    monkeypatch.setattr(WriteAheadLog, "replay", counted)
+    return calls
 
 
 def test_tables_come_before_the_pending_reflush_and_their_failures_are_retried(
