@@ -210,7 +210,7 @@ class SparkConfig:
     # A Spark Connect URL may carry `;token=`, and conf values may be secrets: not in repr.
     remote: str = field(default="", repr=False)
     driver_memory: str = "2g"
-    on_followers: bool = False
+    on_followers: bool = True
     rows_per_task: int = 500_000
     conf: Mapping[str, str] = field(default_factory=dict, repr=False)
     # The host Spark's executors reach this node's flush handoff at; "" = Spark's driver host

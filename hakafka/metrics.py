@@ -55,6 +55,7 @@ class Metrics:
     leadership_corrections: Counter
     zookeeper_connected: Gauge
     ready: Gauge
+    flush_ready: Gauge
     queries: Counter
     query_seconds: Histogram
 
@@ -188,6 +189,12 @@ class Metrics:
             ready=Gauge(
                 "hakafka_ready",
                 "1 while /ready answers 200 (ZooKeeper connected, led pipelines running)",
+                registry=reg,
+            ),
+            flush_ready=Gauge(
+                "hakafka_flush_ready",
+                "1 while this node's flush path (Spark session, Python workers) is warm: "
+                "elected, it flushes without waiting for Spark",
                 registry=reg,
             ),
             queries=Counter(

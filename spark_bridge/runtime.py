@@ -38,6 +38,10 @@ log = structlog.get_logger("spark_bridge.runtime")
 
 LOOPBACK = "127.0.0.1"
 JIT_C1_ONLY = "-XX:TieredStopAtLevel=1"
+# The driver waits warm on every follower (`[spark] on_followers`) and only schedules: the
+# serial collector on a small initial heap that shrinks back after a flush. Measured on an
+# idle follower: 240 MiB resident, against 340 MiB with G1's defaults.
+DRIVER_FOOTPRINT = "-XX:+UseSerialGC -Xms32m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 # The host Spark tasks fetch block slices from, and the address the handoff listens on.
 HANDOFF_HOST_CONF = "spark.hakafka.handoff.host"
 HANDOFF_BIND_CONF = "spark.hakafka.handoff.bind"
@@ -103,7 +107,7 @@ class SparkSettings:
             # A flush's JVMs only schedule (the rows go from the handoff to the Python
             # workers), and C2's compiles cost them three times the CPU of that scheduling.
             # Heavy JVM-side transforms may want C2 back: `[spark.conf]` overrides these.
-            conf["spark.driver.extraJavaOptions"] = JIT_C1_ONLY
+            conf["spark.driver.extraJavaOptions"] = f"{JIT_C1_ONLY} {DRIVER_FOOTPRINT}"
             conf["spark.executor.extraJavaOptions"] = JIT_C1_ONLY
             # The Python workers account no memory, so their Arrow pool is mimalloc, which
             # keeps freed pages for the next flush; jemalloc (the daemon's pool, for its RSS

@@ -210,6 +210,8 @@ def make_cluster(
         on_error: str = "dead_letter",
         server: dict[str, object] | None = None,
         transform: str = "",
+        *,
+        spark_on_followers: bool = False,
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",
@@ -232,6 +234,7 @@ def make_cluster(
             session_timeout=3.0,
             rows_per_task=100_000,
             server=server,
+            spark_on_followers=spark_on_followers,
         )
         made.append(cluster)
         return cluster

@@ -37,6 +37,7 @@ from buffer.http import HttpQueryServer, Route
 from hakafka import __version__
 from hakafka.config import Config, advertised_host
 from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.daemon.flush_path import FlushPath
 from hakafka.daemon.forwarding import Forwarder
 from hakafka.daemon.history import StatusHistory, sample_of
 from hakafka.daemon.idle_lag import IdleLag, idle_pipelines, owned_watermarks
@@ -130,12 +131,11 @@ class Daemon:
         self.catalog = Catalog()
         self.engine = SqlEngine(self.catalog, query_limits(config))
         self.spark = SparkRuntime(spark_settings(config))
-        self._spark_warm = False  # its Python workers started (`_warm_spark`)
-        self._spark_warming = threading.Lock()
         self.notifier = Notifier.from_environment()
         self.crash = CrashPlan.from_environment()
         self.started_at = time.time()
         self._stop = threading.Event()
+        self.flush_path = FlushPath(self.spark.start, warm_workers, self._stop.is_set)
         self._signals: list[str] = []  # names of the stop signals received
         self._reload = reload
         self._hup = threading.Event()
@@ -206,7 +206,7 @@ class Daemon:
                 metrics=self.metrics,
                 flush_grace_s=FLUSH_GRACE_S,
                 stuck_after_s=config.server.stuck_after,
-                warm_up=self._warm_spark,
+                warm_up=self.flush_path.warm,
             )
             for shard in config.shards
         ]
@@ -219,23 +219,6 @@ class Daemon:
             ),
             lambda p, shard: owned_watermarks(self.config, p, shard),
         )
-
-    def _warm_spark(self) -> None:
-        """Start Spark, then once its Python workers (`warm_workers`), so that a new leader's
-        first flush pays neither. A failed warm-up is logged, and the next election tries
-        again: the flush starts the workers it needs anyway."""
-        with self._spark_warming:
-            session = self.spark.start()
-            if self._spark_warm:
-                return
-            try:
-                warm_workers(session)
-            except Exception as exc:
-                if not self._stop.is_set():  # else Spark stopped under it: nothing to report
-                    first = next(iter(str(exc).strip().splitlines()), "")  # not the JVM's trace
-                    log.warning("spark.warm_failed", error=f"{type(exc).__name__}: {first}")
-                return
-            self._spark_warm = True
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -254,8 +237,9 @@ class Daemon:
         self.coordinator.start()
         self.coordinator.register()
         if self.config.spark.on_followers:
-            self.spark.start()
-            threading.Thread(target=self._warm_spark, name="spark-warm-up", daemon=True).start()
+            # Beside standing, not before it: a node that is elected first flushes once
+            # Spark is up, and consumes meanwhile.
+            self.flush_path.warm_in_background()
         for runner in self.runners:
             runner.start()
         # A term that begins during a reshard must begin drained: its state first.
@@ -372,6 +356,7 @@ class Daemon:
     def _update_pipeline_metrics(self) -> None:
         self.metrics.zookeeper_connected.set(1 if self.coordinator.connected else 0)
         self.metrics.ready.set(1 if self.healthy() else 0)
+        self.metrics.flush_ready.set(1 if self.flush_path.status.ready else 0)
         # Rebuilt each time: a shard this node stopped leading must not keep its old values.
         self.metrics.kafka_lag.clear()
         self.metrics.checkpoint_lag.clear()
@@ -418,6 +403,7 @@ class Daemon:
             started_at=self.started_at,
             healthy=self.healthy(),
         )
+        status["flush_path"] = self.flush_path.status.report(time.monotonic())
         drift = self.guard.drift
         status["settings_drift"] = None if drift is None else [str(d) for d in drift]
         return 200, "application/json", json.dumps(status, default=str).encode()

@@ -59,6 +59,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
                 "flight": None if info is None else info.flight,
                 "version": None if info is None else info.version,
                 "healthy": views.get(name, {}).get("healthy"),
+                "flush_path": views.get(name, {}).get("flush_path"),
                 "error": errors.get(name) or _note_of(views.get(name, {})),
                 "replacing": None if flag is None else asdict(flag),
             }
@@ -138,6 +139,17 @@ def state_text(p: dict[str, Any]) -> str:
     return f"{text}: {p['error']}" if p.get("error") and not waits else text
 
 
+def flush_path_text(path: dict[str, Any] | None) -> str | None:
+    """`warm`, `starting for 4 s`, `cold`, `failed: <error>` (None: the node did not say)."""
+    if path is None:
+        return None
+    if path["state"] == "starting":
+        return f"starting for {path['for_s']:.0f} s"
+    if path["state"] == "failed":
+        return f"failed: {path['error']}"
+    return str(path["state"])
+
+
 def render(status: dict[str, Any]) -> str:
     """The three tables `hakafka status` prints."""
     shards = format_table(
@@ -191,12 +203,13 @@ def render(status: dict[str, Any]) -> str:
         rows,
     )
     nodes = format_table(
-        ["NODE", "ALIVE", "HEALTHY", "HTTP", "FLIGHT", "REPLACING"],
+        ["NODE", "ALIVE", "HEALTHY", "FLUSH PATH", "HTTP", "FLIGHT", "REPLACING"],
         [
             [
                 n["node"],
                 "yes" if n["alive"] else "no",
                 n["error"] or n["healthy"],
+                flush_path_text(n.get("flush_path")),
                 n["http"],
                 n["flight"],
                 None

@@ -131,6 +131,42 @@ def test_two_shards_two_replicas_exactly_once_through_a_leader_kill(
     assert errors and all(e[0] for e in errors), "every dead letter carries its error text"
 
 
+def event_names(node: Any) -> list[str]:
+    return [e.get("event", "") for e in log_events(node.log_path)]
+
+
+def test_followers_stand_at_once_and_wait_warm_so_a_new_leader_flushes_without_spark_start(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+) -> None:
+    # The default `spark.on_followers = true`: Spark starts beside standing, not before it.
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    cluster = make_cluster({"n1": [0], "n2": [0]}, spark_on_followers=True)
+    cluster.start()
+    leader = cluster.nodes[cluster.wait_leaders([0])[0]]
+    follower = next(n for n in cluster.nodes.values() if n is not leader)
+    first = produce(stack.kafka, topic, 20_000)
+    owned = {(p, o) for p, o in first.good if p % 2 == 0}
+    wait_for(lambda: landed(ch_client, "events") >= len(owned), 120, "the first rows")
+    # The leader was elected before its Spark session was up: start-up does not wait for it.
+    names = event_names(leader)
+    assert names.index("leader.elected") < names.index("spark.started")
+    wait_for(lambda: follower.status().get("flush_path", {}).get("state") == "warm", 120, "warm")
+    # The gauge follows within a main-loop turn (a second).
+    wait_for(lambda: metric(follower, "hakafka_flush_ready") == 1.0, 5, "the gauge")
+    status = follower.status()["flush_path"]
+    assert status["error"] is None and status["warm_up_s"] > 0
+    # Elected after a kill -9, the warm follower re-flushes and flushes on the session it has.
+    started_before = event_names(follower).count("spark.started")
+    leader.kill(signal.SIGKILL)
+    second = produce(stack.kafka, topic, 20_000, start=20_000)
+    owned |= {(p, o) for p, o in second.good if p % 2 == 0}
+    wait_for(lambda: landed(ch_client, "events") >= len(owned), 120, "every row")
+    names = event_names(follower)
+    assert "leader.elected" in names and names.count("spark.started") == started_before == 1
+    assert_exactly_once(ch_client, "events", owned)
+
+
 # The event each flush step logs just before its crash point, and the field naming the block.
 STEP_EVENTS = {
     "flush.after_pending": ("fenced.pending_written", "block"),
