@@ -18,10 +18,18 @@ Per round, from the fault to: the other node elected (its `leader` znode created
 (the znode says `consuming`), and its first checkpoint (the `checkpoint` znode modified after
 that `leader` znode was created: only the new term can write it). The times are the znodes'
 own ctime/mtime, stamped by the ZooKeeper server on this machine's clock, so polling does not
-blur them. Every fault kind runs ROUNDS rounds with `spark.on_followers = false` (the default:
-a node starts Spark when it first leads) and again with `true`. With `false`, a standby that
-has led before (its Spark session stays up) is restarted before the round, so that every
-round times the default deployment's standby, one without Spark (`--warm-standby` keeps it).
+blur them. Every fault kind runs ROUNDS rounds with `spark.on_followers = true` (the default
+since #31: every node keeps its Spark session and Python workers warm; a round waits until
+the standby says its flush path is warm, as a restarted one does ~10 s after its start) and
+again with `false` (the previous default: a node starts Spark when it first leads), whose
+standby is restarted before each round unless it is fresh, so that every round times that
+deployment's standby, one without Spark (`--warm-standby` keeps it).
+
+After the rounds of a setting: the memory of the leader's and the standby's process trees
+(daemon, Spark's JVM, its Python workers: summed RSS, and PSS, which counts a page shared by
+forked workers once), a `false` standby being a daemon without Spark; then STARTS times both
+daemons stopped and started together (a whole host starting), timed from the processes'
+start to a leader elected, consuming, and its first checkpoint.
 
 Beside the figures: the session timeout, a raw baseline measured in the same run under the same
 load (one znode delete seen by another client's watch: the floor of any hand-over), the steady
@@ -33,7 +41,7 @@ every produced (_partition, _offset) exactly once (the produced offsets come fro
 reports). Rows lost, duplicated or unexpected make the exit code 1.
 
 Run: PYTHONPATH=. .venv/bin/python bench/takeover_bench.py [--rounds N] [--faults ops,kill,stop]
-     [--on-followers false,true] [--rate MSGS_PER_S] [--warm-standby]  (about 9 minutes)
+     [--on-followers true,false] [--rate MSGS_PER_S] [--warm-standby]  (about 12 minutes)
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ from e2e_bench import (
 )
 from failover_bench import watch_baseline
 from kazoo.exceptions import NoNodeError
+from memory_use import MIB, TreeMemory, tree_memory
 
 from devstack.chaos import log_events
 from devstack.cluster import DaemonNode
@@ -91,6 +100,8 @@ FROZEN_S = 2 * SESSION_TIMEOUT
 OPS_TARGET_S = 1.0
 KILL_TARGET_S = SESSION_TIMEOUT + 1.0
 POLL_S = 0.02
+STARTS = 2  # whole-node starts (both daemons at once) per setting
+MEMORY_SETTLE_S = 10.0  # after the standby is warm, before its memory is read
 FAULTS = {
     "ops": "ops failover",
     "kill": "kill -9",
@@ -250,7 +261,7 @@ class Takeover:
     successor: str
     pending: bool  # a flush intent existed when the fault was fired
     left: bool  # ... and still existed right after it (the successor must re-flush it)
-    cold: bool  # the successor had no Spark session (on_followers off, never led since start)
+    cold: bool  # the successor's flush path was not warm at the fault (no Spark session)
     elected: float
     consuming: float
     checkpoint: float
@@ -275,9 +286,11 @@ class Setting:
     undelivered: int = 0
     drained: bool = True
     counted: Tally | None = None
+    memory: dict[str, TreeMemory] = field(default_factory=dict)  # role -> its process tree
+    starts: list[tuple[float, float, float]] = field(default_factory=list)  # whole-node starts
 
     def rows(self, faults: list[str]) -> list[Row]:
-        setting = "true" if self.on_followers else "false"
+        setting = "true (the default)" if self.on_followers else "false (the previous default)"
         rows: list[Row] = [
             (f"spark.on_followers = {setting}", "", "", ""),
             (
@@ -332,6 +345,28 @@ class Setting:
                         notes[what],
                     )
                 )
+        for i, label in enumerate(("a leader elected", "consuming", "its first checkpoint")):
+            if self.starts:
+                samples = [start[i] for start in self.starts]
+                rows.append(
+                    (
+                        f"  both daemons started together -> {label}",
+                        f"median {ms(statistics.median(samples))}",
+                        f"max {ms(max(samples))}",
+                        f"{len(samples)} starts, from the processes' start" if i == 0 else "",
+                    )
+                )
+        for role, memory in self.memory.items():
+            rows.append(
+                (
+                    f"  memory: {role}",
+                    f"RSS {memory.rss / MIB:,.0f} MiB",
+                    f"PSS {memory.pss / MIB:,.0f} MiB",
+                    f"{memory.processes} processes (daemon, JVM, Python workers)"
+                    if memory.processes > 1
+                    else "1 process",
+                )
+            )
         rows.append(
             (
                 "  producer (own process)",
@@ -420,7 +455,50 @@ class Rounds:
         if not self.setting.on_followers and not self.warm_standby and standby not in self.fresh:
             self.restart(standby, "to stand without Spark")
             leader = self.settled()
+        if self.setting.on_followers:
+            # The deployment measured: a warm standby (a restarted one warms in ~10 s).
+            self.wait_warm(standby)
         return leader, standby
+
+    def warm(self, name: str) -> bool:
+        """Whether the node says its flush path (Spark session, workers) is warm."""
+        return bool(self.node(name).status().get("flush_path", {}).get("state") == "warm")
+
+    def wait_warm(self, name: str) -> None:
+        wait(lambda: self.warm(name), READY_TIMEOUT_S, f"{name}'s flush path warm", 0.5)
+
+    def memory(self) -> dict[str, TreeMemory]:
+        """The leader's and the standby's process trees once settled: the standby warm, or
+        with on_followers off freshly started (a daemon without Spark)."""
+        leader, standby = self.prepare()
+        time.sleep(MEMORY_SETTLE_S)
+        standby_role = "standby, warm" if self.setting.on_followers else "standby, no Spark"
+        found = {}
+        for role, name in (("leader", leader), (standby_role, standby)):
+            pid = self.node(name).pid
+            assert pid is not None
+            found[role] = tree_memory(pid)
+        return found
+
+    def start_together(self) -> tuple[float, float, float]:
+        """Stop both daemons, then start both at once (a whole host starting): seconds from
+        the start to a leader elected, consuming, and its first checkpoint."""
+        for name in NODES:
+            self.node(name).stop(30)
+        fired = time.time()
+        for name in NODES:
+            self.node(name).start()
+        result = self.measure("", fired, lambda: None)
+        for name in NODES:
+            self.node(name).wait_up(90)
+        self.fresh = set(NODES)
+        print(
+            f"... on_followers={str(self.setting.on_followers).lower()} both started: elected "
+            f"{ms(result[0])}, consuming {ms(result[1])}, checkpoint {ms(result[2])}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
 
     def first_leader(self) -> None:
         """Wait until the first leader has committed a checkpoint: its Spark is up."""
@@ -429,7 +507,7 @@ class Rounds:
 
     def round(self, kind: str) -> Takeover:
         victim, successor = self.prepare()
-        cold = not self.setting.on_followers and successor in self.fresh
+        cold = not self.warm(successor)
         pending = self.view.wait_pending(PENDING_WAIT_S)
         node = self.node(victim)
         thaw_at: float | None = None
@@ -574,6 +652,9 @@ def run_setting(
         for kind in faults:
             for _ in range(rounds):
                 setting.takeovers.append(driver.round(kind))
+        setting.memory = driver.memory()
+        for _ in range(STARTS):
+            setting.starts.append(driver.start_together())
         production.stop()
         setting.produced = production.sent.value
         setting.undelivered = production.undelivered.value
@@ -612,7 +693,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per fault kind")
     parser.add_argument("--faults", default=",".join(FAULTS), help="of: ops,kill,stop")
-    parser.add_argument("--on-followers", default="false,true", help="spark.on_followers values")
+    parser.add_argument("--on-followers", default="true,false", help="spark.on_followers values")
     parser.add_argument("--rate", type=int, default=RATE, help="messages/s produced")
     parser.add_argument(
         "--warm-standby",

@@ -440,6 +440,8 @@ ELECTION_ENDS = {
     NODE_STARTING: "daemon restarted",
 }
 LOG_ENDED = "log ended"
+# What a term's pipeline logs once it committed a checkpoint (with `shard` and `epoch`).
+CHECKPOINT_COMMITTED = "fenced.checkpoint_committed"
 
 
 @dataclass(frozen=True)
@@ -457,11 +459,17 @@ class ElectionTiming:
     consuming_at: float | None
     outcome: str  # "consuming", or a value of ELECTION_ENDS, or LOG_ENDED
     reported: float | None = None
+    checkpoint_at: float | None = None  # the term's first checkpoint commit (any pipeline)
 
     @property
     def seconds(self) -> float | None:
         """Seconds from `leader.elected` to `leader.consuming` (log timestamps), or None."""
         return None if self.consuming_at is None else self.consuming_at - self.elected_at
+
+    @property
+    def to_checkpoint(self) -> float | None:
+        """Seconds from `leader.elected` to the term's first checkpoint, or None (none)."""
+        return None if self.checkpoint_at is None else self.checkpoint_at - self.elected_at
 
     def describe(self) -> str:
         told = "" if self.reported is None else f", its pipelines {self.reported:.2f} s"
@@ -478,8 +486,22 @@ def election_timings(logs: Mapping[str, LogFiles]) -> list[ElectionTiming]:
     timings: list[ElectionTiming] = []
     for node, files in logs.items():
         events = [e for e in log_events(files, wanted) if isinstance(e.get("timestamp"), str)]
-        timings += _node_timings(node, sorted(events, key=lambda e: _unix(e["timestamp"])))
+        firsts = _first_checkpoints(log_events(files, [CHECKPOINT_COMMITTED]))
+        timings += [
+            replace(t, checkpoint_at=firsts.get((t.shard, t.epoch)))
+            for t in _node_timings(node, sorted(events, key=lambda e: _unix(e["timestamp"])))
+        ]
     return sorted(timings, key=lambda t: (t.elected_at, t.node, t.shard))
+
+
+def _first_checkpoints(events: Iterable[dict[str, Any]]) -> dict[tuple[int, int], float]:
+    """(shard, epoch) -> time of that term's first checkpoint commit, from one node's log."""
+    firsts: dict[tuple[int, int], float] = {}
+    for e in events:
+        if isinstance(e.get("timestamp"), str) and "shard" in e and "epoch" in e:
+            key, at = (int(e["shard"]), int(e["epoch"])), _unix(e["timestamp"])
+            firsts[key] = min(at, firsts.get(key, at))
+    return firsts
 
 
 def _node_timings(node: str, events: Iterable[dict[str, Any]]) -> list[ElectionTiming]:
@@ -553,6 +575,24 @@ def consuming_summary(timings: Iterable[ElectionTiming], bound: float) -> str:
         f"p99 {_nearest_rank(seconds, 0.99):.2f} s, max {seconds[-1]:.2f} s "
         f"({slowest.node} shard {slowest.shard} epoch {slowest.epoch}); "
         f"over {bound:.1f} s: {over}; {never_text}"
+    )
+
+
+def checkpoint_summary(timings: Iterable[ElectionTiming]) -> str:
+    """The distribution of election -> the term's first checkpoint, one line: `N terms, min,
+    median, p90, p99, max (the slowest), and how many terms ended without one (lost, handed
+    over, stopped before a block was due, or nothing to flush)."""
+    timings = list(timings)
+    seconds = sorted(t.to_checkpoint for t in timings if t.to_checkpoint is not None)
+    without = len(timings) - len(seconds)
+    if not seconds:
+        return f"election -> first checkpoint: 0 terms; without one: {without}"
+    slowest = max(timings, key=lambda t: t.to_checkpoint or 0.0)
+    return (
+        f"election -> first checkpoint: {len(seconds)} terms, min {seconds[0]:.2f} s, "
+        f"median {statistics.median(seconds):.2f} s, p90 {_nearest_rank(seconds, 0.9):.2f} s, "
+        f"p99 {_nearest_rank(seconds, 0.99):.2f} s, max {seconds[-1]:.2f} s "
+        f"({slowest.node} shard {slowest.shard} epoch {slowest.epoch}); without one: {without}"
     )
 
 

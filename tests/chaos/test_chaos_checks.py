@@ -28,6 +28,7 @@ from devstack.chaos import (
     LeaderObservation,
     ReshardAttempt,
     ReshardPlan,
+    checkpoint_summary,
     commit_violations,
     configured_rows_per_task,
     consuming_bound,
@@ -203,6 +204,25 @@ def test_election_is_timed_to_the_next_consuming_of_that_node_and_shard(tmp_path
         + line("leader.consuming", 40.0, shard=0, seconds=2.0)
     )
     assert election_timings({"n2": n2}) == [timing("n2", 0, 2, 10.0, 11.25, reported=0.9)]
+
+
+def test_election_to_first_checkpoint_counts_the_terms_own_first_commit(tmp_path: Path) -> None:
+    n1 = tmp_path / "n1.log"
+    n1.write_text(
+        line("fenced.checkpoint_committed", 5.0, shard=0, epoch=1, pipeline="events")
+        + line("leader.elected", 10.0, shard=0, epoch=3, token=1)
+        + line("leader.consuming", 10.2, shard=0, seconds=0.1)
+        + line("fenced.checkpoint_committed", 11.5, shard=0, epoch=3, pipeline="events")
+        + line("fenced.checkpoint_committed", 12.5, shard=0, epoch=3, pipeline="clicks")
+        + line("leader.elected", 20.0, shard=1, epoch=4, token=2)
+        + line("leader.lost", 21.0, shard=1, reason="zookeeper session lost")
+    )
+    timings = election_timings({"n1": n1})
+    assert [(t.shard, t.to_checkpoint) for t in timings] == [(0, 1.5), (1, None)]
+    assert checkpoint_summary(timings) == (
+        "election -> first checkpoint: 1 terms, min 1.50 s, median 1.50 s, p90 1.50 s, "
+        "p99 1.50 s, max 1.50 s (n1 shard 0 epoch 3); without one: 1"
+    )
 
 
 def test_elections_that_end_before_consuming_are_not_samples(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ from devstack.chaos import (
     NetworkNamespace,
     ReshardPlan,
     chaos_seed,
+    checkpoint_summary,
     commit_violations,
     configured_rows_per_task,
     consuming_bound,
@@ -398,6 +399,7 @@ def test_chaos_every_record_exactly_once(
             f"{tag} network partitions of {NETNS_NODE}: "
             f"{netns_skipped or cuts}\n"
             f"{tag} {consuming_summary(timings, bound)}\n"
+            f"{tag} {checkpoint_summary(timings)}\n"
             f"{tag} {flushes.summary()}\n"
             f"{tag} "
             f"{liveness_summary(driver.faults, driver.began, liveness, (STUCK_AFTER, SHARD_BOUND))}"
