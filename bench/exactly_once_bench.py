@@ -19,8 +19,10 @@
    writes RATE messages a second to 6 partitions throughout. First the baseline, on the same
    cluster under the same load: `hakafka failover --shard 0` (n3 takes shard 0 over); then
    `hakafka reshard --config <n2's config>` (n1 and n3 drain, the checkpoints move, n2 leads
-   all three shards). The new leaders start Spark when they first lead (`spark.on_followers`
-   false, the default; `--on-followers` starts it on every node at start-up). For each
+   all three shards). The rounds run once with `spark.on_followers = true` (the default: every
+   node keeps Spark warm, and a round waits until the standby's and n2's flush paths are) and
+   once with `false` (the previous default: the new leaders start Spark when they first
+   lead), the baseline of the same run. For each
    operation: the command's wall time; the time from the request until every shard it moves
    has a consuming leader of the new term (the `leader` znode's stamp), and until every
    partition has been checkpointed after that; the ingest gap: the longest time between
@@ -32,7 +34,7 @@
    _offset) and produced must agree (exit code 1 otherwise).
 
 Run: PYTHONPATH=. .venv/bin/python bench/exactly_once_bench.py [--parts plan,reshard]
-     [--rounds N] [--on-followers]   (about 7 minutes)
+     [--rounds N] [--on-followers true,false]   (about 10 minutes)
 """
 
 from __future__ import annotations
@@ -487,7 +489,12 @@ class RoundResult:
     counted: Tally
 
 
-def run_round(bench: Bench, number: int, *, on_followers: bool) -> RoundResult:
+def flush_path_warm(node: DaemonNode) -> bool:
+    """Whether the node says its flush path (Spark session, workers) is warm."""
+    return bool(node.status().get("flush_path", {}).get("state") == "warm")
+
+
+def run_round(bench: Bench, number: str, *, on_followers: bool) -> RoundResult:
     """One round on a fresh ZooKeeper root, topic and database (section 2 of the docstring)."""
     name = f"exactly_once_{number}"
     zk_root = f"{ZK_ROOT}/{name}"
@@ -533,12 +540,19 @@ def run_round(bench: Bench, number: int, *, on_followers: bool) -> RoundResult:
             what="every partition's first checkpoint",
             interval=0.5,
         )
-        # With spark.on_followers, a node stands only once its Spark session is up.
         wait_until(
             lambda: standby.name in leaders.standing(0),
             timeout=SETTLE_TIMEOUT_S,
             what=f"{standby.name} standing in shard 0",
         )
+        if on_followers:  # the deployment measured: warm standbys
+            for node in (standby, waiting):
+                wait_until(
+                    functools.partial(flush_path_warm, node),
+                    timeout=SETTLE_TIMEOUT_S,
+                    what=f"{node.name}'s flush path warm",
+                    interval=0.5,
+                )
         # Any exit code: a cluster with a waiting node need not be healthy to be read.
         floor = command_seconds("status", "--config", str(first.config_path), accept=(0, 1))
         failover = cluster.operate(
@@ -625,29 +639,36 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="reshard rounds")
     parser.add_argument(
         "--on-followers",
-        action="store_true",
-        help="spark.on_followers = true: every node starts Spark at start-up, not when it leads",
+        default="true,false",
+        help="spark.on_followers values, each a run of --rounds rounds (true: the default, "
+        "Spark warm on every node; false: started when a node first leads)",
     )
     args = parser.parse_args()
     parts = args.parts.split(",")
     if unknown := [p for p in parts if p not in PARTS]:
         parser.error(f"unknown part(s) {unknown}; known: {', '.join(PARTS)}")
+    values = {"true": True, "false": False}
+    if unknown := [v for v in args.on_followers.split(",") if v not in values]:
+        parser.error(f"--on-followers takes true and/or false, not {unknown}")
     configure_logs("console", "error")  # the tables, not every dead letter decoded
-    results: list[RoundResult] = []
+    exactly_once = True
     with local_stack("hakafka-exactly-once-bench-") as bench:
         if "plan" in parts:
             for line in plan_rows(bench):
                 print(line, flush=True)
-        if "reshard" in parts:
+        for value in args.on_followers.split(",") if "reshard" in parts else []:
+            on_followers, results = values[value], list[RoundResult]()
             try:
                 for number in range(1, args.rounds + 1):
-                    print(f"... reshard round {number}", file=sys.stderr, flush=True)
-                    results.append(run_round(bench, number, on_followers=args.on_followers))
+                    print(f"... reshard round {number}, on_followers {value}", file=sys.stderr)
+                    tag = f"{number}_{'on' if on_followers else 'off'}"
+                    results.append(run_round(bench, tag, on_followers=on_followers))
             finally:
                 if results:
-                    for line in reshard_rows(results, on_followers=args.on_followers):
+                    for line in reshard_rows(results, on_followers=on_followers):
                         print(line, flush=True)
-    return 0 if all(r.counted.exactly_once for r in results) else 1
+            exactly_once &= all(r.counted.exactly_once for r in results)
+    return 0 if exactly_once else 1
 
 
 if __name__ == "__main__":
