@@ -489,11 +489,6 @@ class RoundResult:
     counted: Tally
 
 
-def flush_path_warm(node: DaemonNode) -> bool:
-    """Whether the node says its flush path (Spark session, workers) is warm."""
-    return bool(node.status().get("flush_path", {}).get("state") == "warm")
-
-
 def run_round(bench: Bench, number: str, *, on_followers: bool) -> RoundResult:
     """One round on a fresh ZooKeeper root, topic and database (section 2 of the docstring)."""
     name = f"exactly_once_{number}"
@@ -548,7 +543,7 @@ def run_round(bench: Bench, number: str, *, on_followers: bool) -> RoundResult:
         if on_followers:  # the deployment measured: warm standbys
             for node in (standby, waiting):
                 wait_until(
-                    functools.partial(flush_path_warm, node),
+                    node.flush_path_warm,
                     timeout=SETTLE_TIMEOUT_S,
                     what=f"{node.name}'s flush path warm",
                     interval=0.5,

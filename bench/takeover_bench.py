@@ -460,12 +460,8 @@ class Rounds:
             self.wait_warm(standby)
         return leader, standby
 
-    def warm(self, name: str) -> bool:
-        """Whether the node says its flush path (Spark session, workers) is warm."""
-        return bool(self.node(name).status().get("flush_path", {}).get("state") == "warm")
-
     def wait_warm(self, name: str) -> None:
-        wait(lambda: self.warm(name), READY_TIMEOUT_S, f"{name}'s flush path warm", 0.5)
+        wait(self.node(name).flush_path_warm, READY_TIMEOUT_S, f"{name}'s flush path warm", 0.5)
 
     def memory(self) -> dict[str, TreeMemory]:
         """The leader's and the standby's process trees once settled: the standby warm, or
@@ -507,7 +503,7 @@ class Rounds:
 
     def round(self, kind: str) -> Takeover:
         victim, successor = self.prepare()
-        cold = not self.warm(successor)
+        cold = not self.node(successor).flush_path_warm()
         pending = self.view.wait_pending(PENDING_WAIT_S)
         node = self.node(victim)
         thaw_at: float | None = None

@@ -264,6 +264,10 @@ class DaemonNode:
             and all(p["state"] == "consuming" for p in s["pipelines"])
         ]
 
+    def flush_path_warm(self) -> bool:
+        """Whether the node says its flush path (Spark session, Python workers) is warm."""
+        return bool(self.status().get("flush_path", {}).get("state") == "warm")
+
     def pipelines(self) -> list[dict[str, Any]]:
         """Every pipeline of every shard this node runs, as its `/status` reports them."""
         return [p for s in self.status().get("shards", []) for p in s.get("pipelines", [])]

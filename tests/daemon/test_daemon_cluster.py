@@ -151,7 +151,7 @@ def test_followers_stand_at_once_and_wait_warm_so_a_new_leader_flushes_without_s
     # The leader was elected before its Spark session was up: start-up does not wait for it.
     names = event_names(leader)
     assert names.index("leader.elected") < names.index("spark.started")
-    wait_for(lambda: follower.status().get("flush_path", {}).get("state") == "warm", 120, "warm")
+    wait_for(follower.flush_path_warm, 120, "warm")
     # The gauge follows within a main-loop turn (a second).
     wait_for(lambda: metric(follower, "hakafka_flush_ready") == 1.0, 5, "the gauge")
     status = follower.status()["flush_path"]

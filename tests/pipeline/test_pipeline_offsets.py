@@ -17,6 +17,7 @@ from tests.pipeline.fakes import (
     FakeConsumer,
     Harness,
     Topic,
+    one_partition,
     pipeline_config,
     start,
     wait_for,
@@ -112,9 +113,7 @@ def test_a_pending_block_across_gaps_is_rebuilt_from_the_wal(
 def test_a_checkpoint_that_would_move_backwards_fails_the_pipeline_and_writes_nothing(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    topic.produce(0, 100)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    topic, h = one_partition(tmp_path, 100)
     leader = start(h, leaders)
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 100}, "the first checkpoint")
     # A second writer (or a bug) moved the checkpoint past what this leader will commit.
@@ -137,9 +136,7 @@ def test_a_consumer_reset_below_the_checkpoint_stops_before_anything_is_written(
 ) -> None:
     # The topic was recreated: under out_of_range = "earliest" the consumer starts over at
     # 0, below the checkpoint (50). Offsets 0.. now name other messages than those flushed.
-    topic = Topic(partitions=1)
-    topic.produce(0, 30)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 30)
     h.fenced.checkpoint = {TOPIC: {0: 50}}
     assign = FakeConsumer.assign
     monkeypatch.setattr(FakeConsumer, "assign", lambda self, _starts: assign(self, {}))

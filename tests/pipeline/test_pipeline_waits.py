@@ -17,6 +17,7 @@ from tests.pipeline.fakes import (
     FakeConsumer,
     Harness,
     Topic,
+    one_partition,
     pipeline_config,
     start,
     wait_for,
@@ -53,9 +54,7 @@ def test_kafka_unreachable_is_a_named_wait_while_recovering_and_heals(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("hakafka.pipeline.consume.METADATA_RETRY_S", 0.05)
-    topic = Topic(partitions=1)
-    topic.produce(0, 10)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 10)
     h.kafka_unreachable = "Local: All broker connections are down"
     leader = start(h, leaders)
     wait_for(lambda: Waiting.KAFKA_UNREACHABLE in kinds(leader), "the Kafka wait")
@@ -76,8 +75,7 @@ def test_kafka_unreachable_is_a_named_wait_while_recovering_and_heals(
 def test_time_suspended_counts_as_no_progress(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    topic, h = one_partition(tmp_path, 0)
     leader = start(h, leaders)
     wait_for(lambda: leader.status.state is PipelineState.CONSUMING, "consuming")
     leader.suspend()
@@ -96,9 +94,7 @@ def test_a_new_term_with_data_waiting_counts_from_the_shards_last_checkpoint(
 ) -> None:
     # The previous leader committed 40 s ago and died; data kept arriving. The new term is
     # not "fresh": the shard has stood still since that checkpoint, until this term commits.
-    topic = Topic(partitions=1)
-    topic.produce(0, 30)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 30)
     h.fenced.committed_at = time.time() - 40.0
     h.sink.gate.clear()  # the first flush hangs (a Spark that takes its time to start)
     leader = start(h, leaders)
@@ -115,8 +111,7 @@ def test_a_new_term_with_data_waiting_counts_from_the_shards_last_checkpoint(
 def test_a_quiet_topic_is_no_stall_however_old_its_last_checkpoint(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    topic = Topic(partitions=1)
-    h = Harness(tmp_path, pipeline_config(), topic)
+    _topic, h = one_partition(tmp_path, 0)
     h.fenced.committed_at = time.time() - 3600.0  # the last message came an hour ago
     leader = start(h, leaders)
     wait_for(lambda: leader.status.state is PipelineState.CONSUMING, "consuming")
