@@ -5,6 +5,11 @@ logrotate can move it away. When stdout is the journal (systemd names its stream
 `JOURNAL_STREAM`), each line starts with its syslog priority (`<3>` for errors, as sd-daemon's
 `SD_ERR`): journald strips it and files the line under that priority, so `journalctl -p err`
 finds the errors.
+
+Libraries write there too, never to the process's stdout or stderr on their own: stdlib
+loggers (kazoo, py4j) at WARNING and up through the same renderer; libraries whose every
+line is noise to an operator through `library_logger`, as debug events (librdkafka's log,
+Python warnings). Spark's output is `spark_bridge.jvm_output`'s.
 """
 
 from __future__ import annotations
@@ -67,6 +72,36 @@ class _JournalPriority:
         )
 
 
+class _ToDebugEvents(logging.Handler):
+    """Writes each record as the structlog debug event `event`: `line` is its message,
+    `library_level` the level the library gave it."""
+
+    def __init__(self, event: str) -> None:
+        super().__init__()
+        self._event = event
+        self._log = structlog.get_logger("hakafka.logs")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = record.getMessage()
+        except Exception:
+            self.handleError(record)
+            return
+        self._log.debug(self._event, line=line, library_level=record.levelname.lower())
+
+
+def library_logger(name: str, event: str) -> logging.Logger:
+    """The stdlib logger `name`, made to write each of its records (any level) as the debug
+    event `event`, in the sink and format of every event, and nothing to the root logger's
+    handler. For a library whose lines tell an operator nothing hakafka does not say itself
+    (librdkafka repeats a failed connection ~20 times a second)."""
+    logger = logging.getLogger(name)
+    logger.handlers = [_ToDebugEvents(event)]
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    return logger
+
+
 class LogSink:
     """Where log lines go; `reopen()` re-opens a file after rotation."""
 
@@ -112,8 +147,9 @@ class LogSink:
 
 def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = None) -> LogSink:
     """Configure structlog once per process; stdlib loggers (kazoo, py4j) write WARNING and
-    up through the same renderer to the same sink, so every line has one format. Events
-    below the sink's `level` are dropped; changing it takes effect at once."""
+    up through the same renderer to the same sink, so every line has one format, and Python
+    warnings are debug events (`python.warning`). Events below the sink's `level` are
+    dropped; changing it takes effect at once."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = sink or LogSink()
@@ -161,4 +197,7 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(logging.WARNING)
+    # Else `warnings` writes to stderr: a library's deprecation notes, PySpark's shutdown note.
+    logging.captureWarnings(True)
+    library_logger("py.warnings", "python.warning")
     return out

@@ -8,6 +8,11 @@ file instead, mode 0600 in a private temporary directory that is deleted once th
 arguments: no secret belongs in those.)
 A Spark Connect URL (`;token=...`) is logged and quoted in errors only through `redact`.
 
+With `output`, what Spark writes outside Python's logging goes to that callable, line by line
+(`jvm_output`): the driver JVM is started with its stdout and stderr on a pipe read by a
+`spark-output` thread, and PySpark's own stderr loggers are redirected. Without it the JVM
+writes to this process's stdout and stderr.
+
 Where the flush's handoff serves (`handoff_address`) travels in the session's own conf
 (`spark.hakafka.handoff.host`, `.bind`), so a flush reads it from the session it is given,
 classic or Spark Connect.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from spark_bridge.connection import is_loopback
+from spark_bridge.jvm_output import Output, OutputPump, capture_pyspark_loggers
 from spark_bridge.redact import redact
 
 if TYPE_CHECKING:
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger("spark_bridge.runtime")
@@ -155,10 +163,17 @@ def prepare_session(spark: SparkSession) -> None:
 
 
 class SparkRuntime:
-    """One SparkSession for the process; `start` is idempotent, `stop` ends it cleanly."""
+    """One SparkSession for the process; `start` is idempotent, `stop` ends it cleanly.
 
-    def __init__(self, settings: SparkSettings | None = None) -> None:
+    `output`, when given, receives each line Spark writes outside Python's logging: the
+    driver JVM's stdout and stderr (its log4j console, its Python workers' stderr) and
+    PySpark's query-context log lines (see `jvm_output`); None leaves them on this process's
+    stdout and stderr.
+    """
+
+    def __init__(self, settings: SparkSettings | None = None, output: Output | None = None) -> None:
         self.settings = settings or SparkSettings()
+        self._output = output
         self._session: SparkSession | None = None
         self._lock = threading.Lock()
         self._connect_mode_before = os.environ.get(CONNECT_MODE_ENV)
@@ -175,6 +190,8 @@ class SparkRuntime:
         with self._lock:
             if self._session is not None:
                 return self._session
+            if self._output is not None:
+                capture_pyspark_loggers(self._output)
             session = self._connect() if self.settings.remote else self._launch()
             prepare_session(session)
             self._session = session
@@ -213,8 +230,36 @@ class SparkRuntime:
         with tempfile.TemporaryDirectory(prefix="hakafka-spark-") as private:  # mode 0700
             properties = write_properties(Path(private) / "spark.properties", conf)
             with _submit_args("--properties-file", str(properties), "--load-spark-defaults"):
+                if self._output is not None:
+                    self._start_driver(self._output)
                 session: SparkSession = builder.getOrCreate()
         return session
+
+    def _start_driver(self, output: Output) -> None:
+        """Start the driver JVM (from PYSPARK_SUBMIT_ARGS, as PySpark would) with its stdout
+        and stderr on a pipe whose lines an `OutputPump` hands to `output`, and make it the
+        gateway of the process's SparkContext. Nothing if PySpark already has a driver JVM:
+        it keeps one per process, across sessions. SparkStartError, with the JVM's last
+        lines, if it exits before it serves."""
+        from pyspark import SparkConf, SparkContext
+
+        if SparkContext._gateway is not None:
+            return
+        # What PySpark's builder passes spark-submit as `--conf`: no secret among them.
+        conf = SparkConf().setAppName(self.settings.app_name).setMaster(self.settings.master)
+        # A pipe of our own rather than Popen's: it is read from before the JVM starts,
+        # so the JVM never blocks on a full pipe while PySpark waits for it to serve.
+        read_end, write_end = os.pipe()
+        pump = OutputPump(os.fdopen(read_end, "rb"), output)
+        pump.start()
+        try:
+            gateway = _launch_gateway(conf, write_end)
+        except Exception as exc:
+            last = " | ".join(pump.last_lines(timeout=5.0)[-5:])
+            raise SparkStartError(
+                redact(f"the Spark driver JVM did not start ({exc}); its last output: {last}")
+            ) from None
+        SparkContext(conf=conf, gateway=gateway)
 
     def stop(self) -> None:
         """Stop the session (no-op if not started); after a Spark Connect session the process
@@ -233,6 +278,20 @@ class SparkRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _launch_gateway(conf: SparkConf, out: int) -> Any:
+    """PySpark's py4j gateway to a new driver JVM whose stdout and stderr are the file
+    descriptor `out`; closes `out` (the JVM keeps its own copy, so a reader of the pipe sees
+    its end when the JVM exits)."""
+    from pyspark.java_gateway import launch_gateway
+
+    try:
+        return launch_gateway(  # type: ignore[no-untyped-call]
+            conf, popen_kwargs={"stdout": out, "stderr": subprocess.STDOUT}
+        )
+    finally:
+        os.close(out)
 
 
 def write_properties(path: Path, conf: Mapping[str, str]) -> Path:

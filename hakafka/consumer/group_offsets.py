@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from hakafka.consumer.partition_consumer import redact_settings
+from hakafka.consumer.partition_consumer import CLIENT_LOG, redact_settings
 
 log = structlog.get_logger("hakafka.consumer.group_offsets")
 
@@ -32,6 +32,7 @@ class GroupOffsets:
             "client.id": f"{group}-offsets",
             "enable.auto.commit": False,
             "on_commit": self._committed,
+            "logger": CLIENT_LOG,
         }
         self._consumer = Consumer(config)
         self._settings = redact_settings(settings)

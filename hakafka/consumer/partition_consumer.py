@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from hakafka.consumer.assignment import ShardAssignment
 from hakafka.consumer.errors import ConsumerError, KafkaConsumeError, OffsetOutOfRangeError
+from hakafka.logs import library_logger
 
 
 class OutOfRange(StrEnum):
@@ -36,6 +37,10 @@ class OutOfRange(StrEnum):
 
 
 log = structlog.get_logger("hakafka.consumer.partition_consumer")
+
+CLIENT_LOG = library_logger("librdkafka", "librdkafka.log")
+"""Every client's `logger`: librdkafka's log lines become debug events, handed over on the
+thread that polls the client (`consume`, `poll`), never written to stderr by its threads."""
 
 _SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "token")
 # Settings the consumer owns; a passthrough value for them would break exactly-once.
@@ -59,7 +64,7 @@ DEFAULT_TUNING: dict[str, Any] = {
     "socket.receive.buffer.bytes": 4 << 20,
 }
 # What a passthrough setting may not name (config check refuses them before any start).
-MANAGED_SETTINGS = frozenset({*_FORCED, "group.id", "bootstrap.servers"})
+MANAGED_SETTINGS = frozenset({*_FORCED, "group.id", "bootstrap.servers", "logger", "error_cb"})
 _UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 _OUT_OF_RANGE_CODES = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 _IGNORED_CODES = frozenset({KafkaError._PARTITION_EOF})
@@ -143,6 +148,8 @@ class PartitionConsumer:
             **_FORCED,
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
+            "logger": CLIENT_LOG,
+            "error_cb": self._client_error,
         }
         self._consumer = Consumer(self._config)
         self._positions: dict[int, int] = {}
@@ -317,6 +324,12 @@ class PartitionConsumer:
                 self._reassign(
                     partition, self._out_of_range(partition, position, low=None, high=high)
                 )
+
+    def _client_error(self, error: KafkaError) -> None:
+        """librdkafka's client-wide errors (served by `consume`). Its log repeats each failed
+        connection at debug; this says once per outage that no broker can be reached."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            log.warning("consumer.brokers_down", topic=self.topic, error=error.str())
 
     def _handle_error(self, event: Message) -> None:
         error = event.error()

@@ -12,6 +12,7 @@ from types import TracebackType
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from hakafka.consumer.errors import KafkaConsumeError
+from hakafka.consumer.partition_consumer import CLIENT_LOG
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class TopicOffsets:
                 "bootstrap.servers": bootstrap,
                 "group.id": "hakafka-ops",  # required by the API; never joined or committed
                 "enable.auto.commit": False,
+                "logger": CLIENT_LOG,
             }
         )
 

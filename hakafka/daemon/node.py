@@ -62,6 +62,7 @@ from hakafka.settings import (
 )
 from spark_bridge import SparkRuntime
 from spark_bridge.flush import warm_workers
+from spark_bridge.jvm_output import log_line
 
 log = structlog.get_logger("hakafka.daemon")
 
@@ -130,7 +131,9 @@ class Daemon:
         self.metrics = Metrics.create()
         self.catalog = Catalog()
         self.engine = SqlEngine(self.catalog, query_limits(config))
-        self.spark = SparkRuntime(spark_settings(config))
+        # Spark's own output (banners, log4j, its workers' stderr) as `spark.output` events,
+        # in the log's sink and format: never on the daemon's stdout or stderr.
+        self.spark = SparkRuntime(spark_settings(config), output=log_line)
         self.notifier = Notifier.from_environment()
         self.crash = CrashPlan.from_environment()
         self.started_at = time.time()

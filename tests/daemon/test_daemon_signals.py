@@ -1,5 +1,7 @@
 """Signals of a real `hakafka run` process: SIGHUP reopens the log file, SIGINT stops cleanly
-and releases leadership, a second SIGTERM during a slow shutdown exits at once."""
+and releases leadership, a second SIGTERM during a slow shutdown exits at once. Throughout,
+with `--log-file` nothing reaches the process's stdout or stderr: not Spark's banners, log4j
+lines or Python workers' output, not librdkafka's lines (they are debug events in the file)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from devstack.cluster import StackEndpoints
+from devstack.cluster import DaemonNode, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import create_topic, produce
 from hakafka.daemon import SHUTDOWN_BOUND_S
@@ -30,6 +32,12 @@ def log_text(path: Path, offset: int = 0) -> str:
             return f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def process_output(node: DaemonNode) -> str:
+    """What the daemon process wrote to its stdout and stderr (devstack keeps both in one
+    file, across restarts)."""
+    return log_text(node.log_path)
 
 
 def events(text: str, name: str) -> int:
@@ -98,11 +106,16 @@ def test_sighup_reopens_the_log_sigint_stops_cleanly_second_sigterm_exits_at_onc
     assert exited - sent < SHUTDOWN_BOUND_S
     text = log_text(log_file)
     assert '"signal": "SIGINT"' in text and events(text, "daemon.stopped") == 1
+    # Two flushes went through Spark; every library line went to the file, or nowhere.
+    assert process_output(node) == ""
 
     # A flush that hangs after its intent keeps the first SIGTERM's shutdown waiting (up to
     # the 20 s flush grace); the second SIGTERM exits at once, with code 1.
+    # At debug, Spark's output is in the file as `spark.output` events.
     offset = log_file.stat().st_size
-    node.start(env={"HAKAFKA_HANG_AT": "flush.after_pending"}, args=log_args)
+    node.start(
+        env={"HAKAFKA_HANG_AT": "flush.after_pending"}, args=[*log_args, "--log-level", "debug"]
+    )
     node.wait_up()
     cluster.wait_leaders([SHARD])
     produce(stack.kafka, topic, 1_000, partitions=PARTITIONS, start=2_000)
@@ -125,3 +138,5 @@ def test_sighup_reopens_the_log_sigint_stops_cleanly_second_sigterm_exits_at_onc
     assert time.monotonic() - sent < 5.0
     text = log_text(log_file, offset)
     assert events(text, "daemon.exit_now") == 1 and events(text, "daemon.stopped") == 0
+    assert events(text, "spark.output") >= 1 and '"level": "debug"' in text
+    assert process_output(node) == ""
