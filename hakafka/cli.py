@@ -6,19 +6,28 @@ import argparse
 import dataclasses
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from hakafka import __version__
-from hakafka.config import DEFAULT_PATH, Config, ConfigError, check_data_dir, load_config
+from hakafka.config import (
+    DEFAULT_PATH,
+    Config,
+    ConfigError,
+    advertise_warning,
+    check_data_dir,
+    load_config,
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 FORMATS = ("table", "json", "csv", "arrow")
+DEBUG_HELP = "on failure print the traceback; print the libraries' log lines (kazoo, librdkafka)"
 
 
 def clickhouse_type_problem(ch_type: str) -> str | None:
@@ -46,12 +55,19 @@ def load_with_table_columns(path: Path) -> Config:
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    config = load(args.file)
+    from hakafka.ops.cluster import UsageError
+
+    if args.file is not None and args.config_given is not None and args.file != args.config_given:
+        raise UsageError(f"two config files named: {args.file} and --config {args.config_given}")
+    path = args.file or args.config_given or DEFAULT_PATH
+    config = load(path)
     check_data_dir(config)
     print(
-        f"{args.file}: ok (node {config.node}, shards {list(config.shards)} of "
+        f"{path}: ok (node {config.node}, shards {list(config.shards)} of "
         f"{config.shard_count}, pipelines {', '.join(p.name for p in config.pipelines)})"
     )
+    if (warning := advertise_warning(config)) is not None:
+        print(f"{path}: warning: {warning}")
     if not args.cluster:
         return EXIT_OK
     from hakafka.ops.cluster import connect
@@ -120,11 +136,19 @@ def _status(args: argparse.Namespace) -> int:
 def _failover(args: argparse.Namespace) -> int:
     from hakafka.ops.cluster import check_shard, connect, operator
     from hakafka.ops.failover import describe, failover
+    from hakafka.ops.status import diagnosis
 
     config = load(args.config)
     shard = check_shard(config, args.shard)
     with connect(config) as coordinator:
-        handover = failover(coordinator, shard, to=args.to, wait_s=args.wait, by=operator())
+        handover = failover(
+            coordinator,
+            shard,
+            to=args.to,
+            wait_s=args.wait,
+            by=operator(),
+            diagnose=diagnosis(coordinator, config),
+        )
     if args.json:
         _print_json(asdict(handover))
     else:
@@ -159,6 +183,7 @@ def _replace(args: argparse.Namespace) -> int:
     from hakafka.ops import replace
     from hakafka.ops.cluster import connect, operator
     from hakafka.ops.failover import describe
+    from hakafka.ops.status import diagnosis
 
     config = load(args.config)
     with connect(config) as coordinator:
@@ -175,16 +200,21 @@ def _replace(args: argparse.Namespace) -> int:
             return EXIT_OK
         result = replace.start(
             coordinator,
-            config.shard_count,
+            config,
             args.node,
             reason=args.reason,
             wait_s=args.wait,
             by=operator(),
+            force=args.force,
+            diagnose=diagnosis(coordinator, config),
         )
     if args.json:
         _print_json(asdict(result))
     else:
-        print(f"{args.node}: under replacement ({args.reason}); it leads no shard from now on")
+        print(
+            f"{args.node}: under replacement ({args.reason}); it leads no shard and gets no "
+            "flush from now on"
+        )
         for handover in result.moved:
             print(describe(handover))
     return EXIT_OK
@@ -212,7 +242,11 @@ def _query(args: argparse.Namespace) -> int:
         )
     for shard, why in answer.skipped.items():
         print(f"hakafka: skipped shard {shard}: {why}", file=sys.stderr)
-    sys.stdout.buffer.write(render(answer.table, "json" if args.json else args.format))
+    for note in answer.notes:
+        print(f"hakafka: {note}", file=sys.stderr)
+    fmt = "json" if args.json else args.format
+    several = len(shards) > 1 and fmt == "table"  # asked of several: say which answered
+    sys.stdout.buffer.write(render(answer.labelled() if several else answer.table, fmt))
     sys.stdout.flush()
     return EXIT_OK
 
@@ -285,6 +319,8 @@ def _offsets(args: argparse.Namespace) -> int:
             drop_pending=args.drop_pending,
             by=operator(),
             timeout_s=args.wait,
+            dry_run=args.dry_run,
+            allow_end=args.allow_end,
         )
     print(offsets.describe_move(move))
     return EXIT_OK
@@ -329,6 +365,7 @@ def _pending(args: argparse.Namespace) -> int:
             pipeline=pause.pipeline_name(config, args.pipeline),
             by=operator(),
             timeout_s=args.wait,
+            dry_run=args.dry_run,
         )
     print(offsets.describe_move(move))
     return EXIT_OK
@@ -341,9 +378,16 @@ def _wal(args: argparse.Namespace) -> int:
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
+    """`--config` (and `--debug`), which every command but `config check` takes."""
     parser.add_argument(
         "--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})"
     )
+    _add_debug(parser)
+
+
+def _add_debug(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: given after the command or not at all, the top-level --debug stands.
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -417,6 +461,12 @@ def _add_ops_commands(commands: Any) -> None:
     mode.add_argument("--done", action="store_true", help="clear the mark")
     replace.add_argument("--reason", default="replacement", help="recorded with the mark")
     replace.add_argument(
+        "--force",
+        action="store_true",
+        help="--start even when a shard is left without a ClickHouse replica that takes "
+        "flushes (they fail until --done)",
+    )
+    replace.add_argument(
         "--wait",
         type=float,
         default=60.0,
@@ -431,7 +481,10 @@ def _add_ops_commands(commands: Any) -> None:
         help="SQL over the memory buffers of shard leaders",
         description="Run SQL on the buffer of the shard's current leader (found in "
         "ZooKeeper). Without --shard every shard is queried and the results concatenated in "
-        "shard order: an aggregate gives one row per shard.",
+        "shard order: an aggregate gives one row per shard (a first column `shard` says "
+        "which, in table output). The buffer speaks DuckDB's SQL dialect, not ClickHouse's: "
+        'quote a column named like a keyword in double quotes (SELECT "at" FROM events); '
+        "each pipeline is a table, with `_partition`, `_offset` and `_shard` columns.",
     )
     _add_config(query)
     query.add_argument("sql", metavar="SQL", help='e.g. "SELECT count(*) FROM events"')
@@ -469,6 +522,9 @@ def _add_ops_commands(commands: Any) -> None:
 def _add_pipeline_commands(commands: Any) -> None:
     """`pipeline pause|resume`, `offsets show|set`, `pending show|drop`."""
     wait_help = "how long to wait for the shard's leader to stop the pipeline (default 60)"
+    dry_run_help = (
+        "print each partition's move and the offsets it skips or re-reads; change nothing"
+    )
     pipeline = commands.add_parser("pipeline", help="pause or resume a pipeline")
     actions = pipeline.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
@@ -480,7 +536,7 @@ def _add_pipeline_commands(commands: Any) -> None:
         sub.add_argument("--pipeline", required=True)
         sub.add_argument("--shard", type=int, help="only this shard (default: every shard)")
         if action == "pause":
-            sub.add_argument("--reason", default="paused by ops", help="recorded with the pause")
+            sub.add_argument("--reason", default="no reason given", help="recorded with the pause")
             sub.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
         _add_json(sub)
         sub.set_defaults(handler=_pipeline)
@@ -525,7 +581,14 @@ def _add_pipeline_commands(commands: Any) -> None:
     move.add_argument(
         "--drop-pending", action="store_true", help="abandon a pending block (printed)"
     )
+    move.add_argument(
+        "--allow-end",
+        action="store_true",
+        help="with --to-timestamp: move even when TIME is after every partition's newest "
+        "message (every partition to its end; refused without it)",
+    )
     move.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
+    move.add_argument("--dry-run", action="store_true", help=dry_run_help)
     move.set_defaults(handler=_offsets)
 
     pending = commands.add_parser("pending", help="see or drop a pipeline's pending block")
@@ -547,6 +610,7 @@ def _add_pipeline_commands(commands: Any) -> None:
     drop.add_argument("--pipeline", required=True)
     drop.add_argument("--shard", type=int, required=True)
     drop.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
+    drop.add_argument("--dry-run", action="store_true", help=dry_run_help)
     drop.set_defaults(handler=_pending)
 
 
@@ -557,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="High-availability Kafka -> ClickHouse ingestion daemon.",
     )
     parser.add_argument("--version", action="version", version=f"hakafka {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the daemon (what the systemd unit starts)")
@@ -582,7 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser(
         "check", help="validate a config file; print every problem with its key"
     )
-    check.add_argument("file", type=Path, nargs="?", default=DEFAULT_PATH)
+    check.add_argument(
+        "file", type=Path, nargs="?", default=None, help=f"the config file (default {DEFAULT_PATH})"
+    )
+    check.add_argument(
+        "--config", dest="config_given", type=Path, help="the config file (same as FILE)"
+    )
+    _add_debug(check)
     check.add_argument(
         "--cluster",
         action="store_true",
@@ -624,22 +695,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _logs_to_stderr() -> None:
+def _logs_to_stderr(debug: bool) -> None:
     """Operator commands keep stdout for their results (JSON, CSV, Arrow): the log events of
-    the code they call go to stderr, warnings and errors only."""
+    the code they call go to stderr, warnings and errors only. The libraries' own log lines
+    (kazoo's "Connection dropped" on every retry, librdkafka's) are debug output: with
+    `debug`, every event and library line is printed; without, none of the libraries'."""
     import logging
 
     import structlog
 
+    level = logging.DEBUG if debug else logging.WARNING
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.dev.ConsoleRenderer(colors=False),
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
     )
+    root = logging.getLogger()
+    # A handler on the root keeps Python's last-resort stderr handler from printing them.
+    root.addHandler(logging.StreamHandler(sys.stderr) if debug else logging.NullHandler())
+    root.setLevel(level)
+
+
+def _one_line(exc: BaseException) -> str:
+    """`exc` as one line: its type and the first line of its text."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -650,15 +734,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hakafka.ops.cluster import OpsError, UsageError
 
     args = build_parser().parse_args(argv)
-    if args.handler is not _run:
-        _logs_to_stderr()
+    operator_command = args.handler is not _run
+    if operator_command:
+        _logs_to_stderr(args.debug)
     try:
         code: int = args.handler(args)
     except UsageError as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ConfigError, OpsError, CoordinationError, QueryFailedError, ConsumerError) as exc:
+        if args.debug:
+            traceback.print_exc()
         print(f"hakafka: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:
+        if args.debug or not operator_command:
+            raise
+        print(
+            f"hakafka: {args.command} failed: {_one_line(exc)} (--debug prints the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     return code
 

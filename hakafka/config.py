@@ -23,6 +23,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import socket
 import ssl
 import tomllib
 from collections.abc import Callable, Mapping
@@ -667,7 +668,22 @@ def _server(r: _Reader) -> NodeServerConfig:
                 f"binds {host}, reachable from other hosts, without a token; set "
                 f"server.token_file (or {ENV_SERVER_TOKEN}), or bind 127.0.0.1",
             )
+    if _same_address(s.http, s.flight):
+        r.problem(
+            "flight",
+            f"{s.flight} is also server.http's address ({s.http}): the two servers cannot "
+            "share a port; give each its own",
+        )
     return s
+
+
+def _same_address(a: Endpoint, b: Endpoint) -> bool:
+    """True when servers bound to `a` and `b` would take the same socket: one port, and one
+    host or a wildcard (0.0.0.0, ::) on either side."""
+    if a.port != b.port:
+        return False
+    wildcard = any(ip is not None and ip.is_unspecified for ip in (_ip(a.host), _ip(b.host)))
+    return wildcard or a.host == b.host
 
 
 def _buffer(r: _Reader) -> PipelineBufferConfig:
@@ -890,6 +906,23 @@ def check_data_dir(config: Config) -> None:
         else f"{path} cannot be created: {existing} {problem}"
     )
     raise ConfigError(config.source or "<config>", [f"data_dir: {what}"])
+
+
+def advertise_warning(config: Config) -> str | None:
+    """What is wrong with `server.advertise` as seen from here (it does not resolve), or
+    None. A warning, not an error: the host that checks a config may not be the one that
+    resolves it, but a name nobody resolves makes `status`, `query` and forwarding fail."""
+    host = config.server.advertise
+    if not host or _ip(host) is not None:
+        return None
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        return (
+            f"server.advertise = {host!r} does not resolve here ({exc}): other nodes and "
+            "the ops commands reach this node at that name; set the name or address they use"
+        )
+    return None
 
 
 def load_config(path: Path, check_type: Callable[[str], str | None] = _accept_any_type) -> Config:

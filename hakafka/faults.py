@@ -18,6 +18,7 @@ ENV = "HAKAFKA_CRASH_AT"
 HANG_ENV = "HAKAFKA_HANG_AT"
 HANG_S = 3600.0
 POINTS = (
+    "recover.after_replay",  # a new leader replayed its WAL, not yet consuming
     "consume.after_wal",  # a batch is in the WAL, not yet in the buffer
     "flush.after_pending",  # the intent is in ZooKeeper, nothing inserted
     "flush.after_insert",  # ClickHouse has the block, the checkpoint did not move

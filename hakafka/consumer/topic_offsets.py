@@ -137,6 +137,17 @@ class TopicOffsets:
             found[tp.partition] = offset
         return found
 
+    def newest_timestamps(self, marks: Mapping[int, Watermarks]) -> dict[int, int]:
+        """The timestamp (ms) of the newest message of each partition of `marks` that holds
+        one (partitions without a message are left out)."""
+        found = {}
+        for partition, mark in marks.items():
+            if mark.high > mark.low:
+                _at, timestamp = self._message_at(partition, mark.high - 1, mark)
+                if timestamp != float("inf"):
+                    found[partition] = int(timestamp)
+        return found
+
     def _first_at(self, partition: int, offset: int, timestamp_ms: int, mark: Watermarks) -> bool:
         """True if `offset` is the first at or after `timestamp_ms`: the message before it is
         older, its own message is not."""

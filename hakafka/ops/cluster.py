@@ -11,7 +11,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from buffer.auth import bearer_header
@@ -48,6 +48,28 @@ def connect(config: Config) -> Iterator[Coordinator]:
         coordinator.close()
 
 
+@contextlib.contextmanager
+def clickhouse_errors(where: str) -> Iterator[None]:
+    """ClickHouse's client errors (connection refused, timeouts, server exceptions) raised in
+    the block as one-line OpsErrors that start with `where` (`clickhouse n1 (host:8123)`)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    try:
+        yield
+    except (ClickHouseError, OSError) as exc:
+        text = " ".join(str(exc).split())
+        raise OpsError(f"{where}: {_cause(text)}") from exc
+
+
+def _cause(text: str) -> str:
+    """The part of a clickhouse-connect error that says what happened: its HTTP client wraps
+    a refused connection in a paragraph that ends with the cause."""
+    for marker in ("Connection refused", "timed out", "Name or service not known"):
+        if marker in text:
+            return f"cannot connect: {marker}"
+    return text[:400]
+
+
 def operator() -> str:
     """Who asks, as recorded in ZooKeeper requests: `user@host`."""
     return f"{getpass.getuser()}@{socket.gethostname()}"
@@ -62,22 +84,50 @@ def check_shard(config: Config, shard: int) -> int:
     return shard
 
 
+Diagnosis = Callable[[int, str], str | None]
+"""Why node (2nd argument) leads shard (1st) without consuming, as the node says; None if
+it does not say."""
+
+
 def wait_consuming_leader(
-    coordinator: Coordinator, shard: int, previous: str, deadline: float
+    coordinator: Coordinator,
+    shard: int,
+    previous: str,
+    deadline: float,
+    diagnose: Diagnosis | None = None,
 ) -> LeaderInfo:
     """The leader of `shard` once a node other than `previous` leads it with every pipeline
-    consuming; OpsError when that has not happened by `deadline` (time.monotonic())."""
+    consuming; OpsError when that has not happened by `deadline` (time.monotonic()). When
+    another node leads but does not consume, the error says so, with `diagnose`'s why."""
+    seen: LeaderInfo | None = None  # the last other node that led without consuming
     while True:
         info = coordinator.leader_of(shard)
-        if info is not None and info.node != previous and info.status == "consuming":
-            return info
+        if info is not None and info.node != previous:
+            if info.status == "consuming":
+                return info
+            seen = info
         if time.monotonic() >= deadline:
-            now = "no leader" if info is None else f"{info.node} ({info.status})"
-            raise OpsError(
-                f"shard {shard}: no other node than {previous} leads and consumes yet "
-                f"(now: {now}); check `hakafka status` and the logs of the candidates"
-            )
+            break
         time.sleep(0.1)
+    if seen is not None and (info is None or info.node == previous):
+        raise OpsError(
+            f"shard {shard}: {seen.node} led it (epoch {seen.epoch}) without consuming and "
+            f"lost or handed it back (now: {'no leader' if info is None else info.node}); "
+            f"see {seen.node}'s log (`leader.handed_over`, `pipeline.failed`)"
+        )
+    if info is not None and info.node != previous:
+        why = diagnose(shard, info.node) if diagnose is not None else None
+        raise OpsError(
+            f"shard {shard}: {info.node} leads it (epoch {info.epoch}) but does not consume "
+            f"yet (its status: {info.status})"
+            + (f": {why}" if why else "")
+            + f"; check `hakafka status` and {info.node}'s log"
+        )
+    now = "no leader" if info is None else f"{info.node} still leads"
+    raise OpsError(
+        f"shard {shard}: no other node than {previous} leads and consumes yet "
+        f"(now: {now}); check `hakafka status` and the logs of the candidates"
+    )
 
 
 def fetch_json(

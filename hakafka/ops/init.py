@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hakafka.config import Config
 from hakafka.coordination import Coordinator
-from hakafka.ops.cluster import OpsError, connect
+from hakafka.ops.cluster import OpsError, clickhouse_errors, connect
 from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
 from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
 from spark_bridge.tables import (
@@ -59,12 +59,16 @@ def initialize(
                 continue
             replicas = shard_replicas(config, shard, lambda r: r)
             for replica in replicas:
-                client = connection.client(replica.host, replica.port)
+                where = f"clickhouse {replica.name} ({replica.host}:{replica.port})"
+                with clickhouse_errors(where):
+                    client = connection.client(replica.host, replica.port)
                 try:
                     for spec in specs:
-                        done += add_optional_columns(client, spec, pipeline)
+                        with clickhouse_errors(where):
+                            done += add_optional_columns(client, spec, pipeline)
                         try:
-                            ensure_table(client, spec)
+                            with clickhouse_errors(where):
+                                ensure_table(client, spec)
                         except (SchemaMismatchError, UnsafeTableError) as exc:
                             refused.append(
                                 f"clickhouse {replica.name} ({replica.host}:{replica.port}): {exc}"

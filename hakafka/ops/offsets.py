@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from hakafka.config import Config
 from hakafka.consumer.topic_offsets import TopicOffsets, Watermarks
 from hakafka.coordination import Coordinator, PendingIntent
+from hakafka.coordination.fenced import StoredCheckpoint
+from hakafka.coordination.pause import StoredPause, StoredPending
 from hakafka.ops.cluster import OpsError, UsageError, format_table
 from hakafka.ops.pause import held
 from hakafka.settings import shard_assignment
@@ -86,6 +88,7 @@ class Move:
     before: dict[int, int]
     after: dict[int, int]
     dropped: PendingIntent | None
+    dry_run: bool = False
 
 
 def _owned(config: Config, offsets: TopicOffsets, pipeline: str, shard: int) -> list[int]:
@@ -144,33 +147,61 @@ def set_offsets(
     drop_pending: bool,
     by: str,
     timeout_s: float,
+    dry_run: bool = False,
+    allow_end: bool = False,
 ) -> Move:
     """Move `pipeline`'s checkpoint in `shard` to `target` (see the module docstring). Refused
-    (OpsError, nothing changed) while a block is pending, unless `drop_pending`."""
+    (OpsError, nothing changed) while a block is pending, unless `drop_pending`, and for a
+    time after the newest message of every partition, unless `allow_end`. With `dry_run`
+    nothing is paused or written: the Move says what would be done."""
     topic = config.pipeline(pipeline).topic
     owned = _owned(config, offsets, pipeline, shard)
-    wanted = _targets(target, owned, offsets.watermarks(owned), offsets)
-    why = f"offsets set --to-{target.kind.value} by {by}"
-    with held(coordinator, shard, pipeline, by=by, why=why, timeout_s=timeout_s) as pause:
-        pending = coordinator.pauses.pending(shard, pipeline)
+    marks = offsets.watermarks(owned)
+    wanted = _targets(target, owned, marks, offsets)
+    if target.kind is TargetKind.TIMESTAMP and not allow_end:
+        _refuse_past_newest(offsets, marks, target.timestamp_ms)
+
+    def plan(pending: StoredPending | None, stored: StoredCheckpoint) -> Offsets:
         if pending is not None and not drop_pending:
             raise OpsError(
                 f"shard {shard}, pipeline {pipeline}: {block_summary(pending.intent)} is pending "
                 "(a flush in doubt); --drop-pending abandons it; nothing changed"
             )
-        stored = coordinator.pauses.checkpoint(shard, pipeline)
         checkpoint = {t: dict(parts) for t, parts in stored.offsets.items()}
         checkpoint.setdefault(topic, {}).update(wanted)
-        coordinator.pauses.move(
-            shard, pipeline, pause=pause, stored=stored, checkpoint=checkpoint, drop=pending
-        )
-    return Move(
+        return checkpoint
+
+    why = f"offsets set --to-{target.kind.value} by {by}"
+    return _move(
+        coordinator,
         shard,
         pipeline,
         topic,
-        before=dict(stored.offsets.get(topic, {})),
-        after=dict(checkpoint[topic]),
-        dropped=None if pending is None else pending.intent,
+        plan=plan,
+        why=why,
+        by=by,
+        timeout_s=timeout_s,
+        dry_run=dry_run,
+    )
+
+
+def _refuse_past_newest(offsets: TopicOffsets, marks: Mapping[int, Watermarks], at_ms: int) -> None:
+    """OpsError when `at_ms` is later than the newest message of every partition of `marks`:
+    every partition would move to its end, skipping all it holds (a mistyped year does it)."""
+    newest = offsets.newest_timestamps(marks)
+    if not newest or any(stamp >= at_ms for stamp in newest.values()):
+        return
+    listed = ", ".join(f"p{p} {_utc(stamp)}" for p, stamp in sorted(newest.items()))
+    raise OpsError(
+        f"--to-timestamp {_utc(at_ms)} is after the newest message of every partition "
+        f"({listed}): each would move to its end, skipping every message not yet in "
+        "ClickHouse; --to-latest says so, --allow-end does it anyway; nothing changed"
+    )
+
+
+def _utc(ms: int) -> str:
+    return (
+        dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
     )
 
 
@@ -182,48 +213,119 @@ def drop_pending(
     pipeline: str,
     by: str,
     timeout_s: float,
+    dry_run: bool = False,
 ) -> Move:
     """Abandon `pipeline`'s pending block in `shard`: its offsets are skipped (the checkpoint
-    moves to the block's end) and the intent is deleted, in one fenced multi-op."""
+    moves to the block's end) and the intent is deleted, in one fenced multi-op. With
+    `dry_run` nothing is paused or written: the Move says what would be done."""
     topic = config.pipeline(pipeline).topic
-    why = f"pending drop by {by}"
-    with held(coordinator, shard, pipeline, by=by, why=why, timeout_s=timeout_s) as pause:
-        pending = coordinator.pauses.pending(shard, pipeline)
+
+    def plan(pending: StoredPending | None, stored: StoredCheckpoint) -> Offsets:
         if pending is None:
             raise OpsError(f"shard {shard}, pipeline {pipeline}: no block is pending")
-        stored = coordinator.pauses.checkpoint(shard, pipeline)
         checkpoint = {t: dict(parts) for t, parts in stored.offsets.items()}
         for block_topic, parts in pending.intent.ranges.items():
             target = checkpoint.setdefault(block_topic, {})
             for partition, (_first, end) in parts.items():
                 target[partition] = max(target.get(partition, end), end)
-        coordinator.pauses.move(
-            shard, pipeline, pause=pause, stored=stored, checkpoint=checkpoint, drop=pending
-        )
-    return Move(
+        return checkpoint
+
+    why = f"pending drop by {by}"
+    return _move(
+        coordinator,
         shard,
         pipeline,
         topic,
-        before=dict(stored.offsets.get(topic, {})),
-        after=dict(checkpoint.get(topic, {})),
-        dropped=pending.intent,
+        plan=plan,
+        why=why,
+        by=by,
+        timeout_s=timeout_s,
+        dry_run=dry_run,
     )
 
 
+Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset
+
+
+def _move(
+    coordinator: Coordinator,
+    shard: int,
+    pipeline: str,
+    topic: str,
+    *,
+    plan: Callable[[StoredPending | None, StoredCheckpoint], Offsets],
+    why: str,
+    by: str,
+    timeout_s: float,
+    dry_run: bool,
+) -> Move:
+    """Write the checkpoint `plan` makes of the pending block and the stored checkpoint (it
+    raises OpsError to refuse), dropping the pending block, while the pipeline is held
+    paused; with `dry_run`, read them without pausing and write nothing."""
+
+    def moved(pause: StoredPause | None) -> Move:
+        pending = coordinator.pauses.pending(shard, pipeline)
+        stored = coordinator.pauses.checkpoint(shard, pipeline)
+        checkpoint = plan(pending, stored)
+        if pause is not None:
+            coordinator.pauses.move(
+                shard, pipeline, pause=pause, stored=stored, checkpoint=checkpoint, drop=pending
+            )
+        return Move(
+            shard,
+            pipeline,
+            topic,
+            before=dict(stored.offsets.get(topic, {})),
+            after=dict(checkpoint.get(topic, {})),
+            dropped=None if pending is None else pending.intent,
+            dry_run=pause is None,
+        )
+
+    if dry_run:
+        return moved(None)
+    with held(coordinator, shard, pipeline, by=by, why=why, timeout_s=timeout_s) as pause:
+        return moved(pause)
+
+
 def describe_move(move: Move) -> str:
-    lines = [f"shard {move.shard}, pipeline {move.pipeline}: checkpoint of {move.topic} moved"]
+    """The move as printed: each partition's next offset before and after and what that does
+    to its messages (skipped: never written by hakafka; re-read: written again unless
+    ClickHouse already has them); a dry run says `would`."""
+    verb = "would move" if move.dry_run else "moved"
+    lines = [f"shard {move.shard}, pipeline {move.pipeline}: checkpoint of {move.topic} {verb}"]
     partitions = sorted(set(move.before) | set(move.after))
     table = format_table(
-        ["PARTITION", "BEFORE", "AFTER"],
-        [[p, move.before.get(p), move.after.get(p)] for p in partitions],
+        ["PARTITION", "BEFORE", "AFTER", "EFFECT"],
+        [
+            [
+                p,
+                move.before.get(p),
+                move.after.get(p),
+                _effect(move.before.get(p), move.after.get(p)),
+            ]
+            for p in partitions
+        ],
     )
     lines += ["  " + line for line in table.splitlines()]
     if move.dropped is not None:
         lines.append(
-            f"abandoned {block_summary(move.dropped)}: not written by hakafka (rows of it may "
-            "already be in ClickHouse if a flush attempt reached it)"
+            f"{'would abandon' if move.dry_run else 'abandoned'} {block_summary(move.dropped)}: "
+            "not written by hakafka (rows of it may already be in ClickHouse if a flush "
+            "attempt reached it)"
         )
+    if move.dry_run:
+        lines.append("dry run: nothing paused or changed")
     return "\n".join(lines)
+
+
+def _effect(before: int | None, after: int | None) -> str | None:
+    """`skips 1200 (100..1299)`, `re-reads 300 (900..1199)` or None: what a partition moved
+    from `before` to `after` does to the messages between them."""
+    if before is None or after is None or before == after:
+        return None
+    low, high = sorted((before, after))
+    verb = "skips" if after > before else "re-reads"
+    return f"{verb} {high - low} offsets ({low}..{high - 1})"
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 
+from hakafka.config import Config
 from hakafka.coordination import Coordinator
-from hakafka.ops.cluster import wait_consuming_leader
+from hakafka.ops.cluster import Diagnosis, OpsError, wait_consuming_leader
 from hakafka.ops.failover import Handover
 
 
@@ -20,20 +22,58 @@ class Replacement:
 
 
 def start(
-    coordinator: Coordinator, shard_count: int, node: str, *, reason: str, wait_s: float, by: str
+    coordinator: Coordinator,
+    config: Config,
+    node: str,
+    *,
+    reason: str,
+    wait_s: float,
+    by: str,
+    force: bool = False,
+    diagnose: Diagnosis | None = None,
 ) -> Replacement:
     """Flag `node`; for every shard it led, wait up to `wait_s` until another node leads and
-    consumes (OpsError if one does not; the flag stays)."""
-    led = [s for s in range(shard_count) if _leader(coordinator, s) == node]
+    consumes (OpsError if one does not; the flag stays).
+
+    Refused (OpsError, nothing flagged) for a node the cluster does not know (neither
+    registered, nor a ClickHouse replica in `config`, nor flagged already), and, unless
+    `force`, when a shard would be left without a ClickHouse replica that takes flushes."""
+    flagged = coordinator.replacing()
+    known = set(coordinator.nodes()) | set(flagged)
+    known |= {n for nodes in config.clickhouse.replicas.values() for n in nodes}
+    if node not in known:
+        registered = ", ".join(sorted(coordinator.nodes())) or "none"
+        raise OpsError(
+            f"node {node} is unknown: registered now: {registered}; all known: "
+            f"{', '.join(sorted(known))}; nothing flagged"
+        )
+    stranded = _stranded_shards(config, flagged.keys() | {node})
+    if stranded and not force:
+        raise OpsError(
+            f"flagging {node} leaves no writable ClickHouse replica for "
+            + "; ".join(f"shard {s} (replicas: {', '.join(r)})" for s, r in stranded.items())
+            + ": its flushes would fail until `--done`; add a replica first, or --force; "
+            "nothing flagged"
+        )
+    led = [s for s in range(config.shard_count) if _leader(coordinator, s) == node]
     began = time.monotonic()
     coordinator.mark_replacing(node, reason, by)
     moved = []
     for shard in led:
-        info = wait_consuming_leader(coordinator, shard, node, began + wait_s)
+        info = wait_consuming_leader(coordinator, shard, node, began + wait_s, diagnose)
         moved.append(
             Handover(shard, node, info.node, info.epoch, round(time.monotonic() - began, 3))
         )
     return Replacement(node, reason, moved)
+
+
+def _stranded_shards(config: Config, flagged: Set[str]) -> dict[int, list[str]]:
+    """The shards whose every ClickHouse replica (per `config`) is in `flagged`, with them."""
+    return {
+        shard: sorted(nodes)
+        for shard, nodes in sorted(config.clickhouse.replicas.items())
+        if nodes and set(nodes) <= flagged
+    }
 
 
 def done(coordinator: Coordinator, node: str) -> bool:

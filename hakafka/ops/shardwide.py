@@ -49,6 +49,8 @@ def record_settings(coordinator: Coordinator, config: Config, how: Recording) ->
             f"this config's shard-wide settings differ from those recorded in {where} "
             f"({hint}):\n{_listed(agreement.differences)}"
         )
+    if agreement.created:
+        return [f"zookeeper: shard-wide settings recorded in {where} (nothing was recorded)"]
     done = [f"zookeeper: shard-wide settings agree with {where}"]
     done += [f"zookeeper: recorded in {where}: {d}" for d in agreement.differences]
     return done
@@ -65,7 +67,7 @@ def _replace(coordinator: Coordinator, config: Config, where: str) -> list[str]:
     found = coordinator.settings.read()
     if found is None:
         coordinator.settings.create(wanted)
-        return [f"zookeeper: shard-wide settings agree with {where}"]
+        return [f"zookeeper: shard-wide settings recorded in {where} (nothing was recorded)"]
     recorded, version = found
     pending = [
         f"shard {shard} pipeline {name}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from hakafka.config import Config
+from hakafka.config import ENV_SERVER_TOKEN, Config
 from hakafka.coordination import Coordinator
-from hakafka.ops.cluster import OpsError, clock, fetch_json, format_table
+from hakafka.ops.cluster import Diagnosis, OpsError, clock, fetch_json, format_table
 from hakafka.settings import client_tls
 
 
@@ -32,6 +32,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
     pipelines: list[dict[str, Any]] = []
     for shard in range(config.shard_count):
         leader = coordinator.leader_of(shard)
+        pauses = {name: asdict(p) for name, p in coordinator.pauses.paused(shard).items()}
         shards.append(
             {
                 "shard": shard,
@@ -39,10 +40,14 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
                 "epoch": None if leader is None else leader.epoch,
                 "since": None if leader is None else leader.since,
                 "status": "no leader" if leader is None else leader.status,
+                "paused": sorted(pauses),
             }
         )
         if leader is not None:
-            pipelines += _pipelines_of(shard, leader.node, views, errors)
+            found = _pipelines_of(shard, leader.node, views, errors)
+            for p in found:
+                p["paused"] = pauses.get(p["pipeline"])
+            pipelines += found
 
     known = set(registered) | set(replacing)
     known |= {n for nodes in config.clickhouse.replicas.values() for n in nodes}
@@ -71,6 +76,29 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
         for p in pipelines
     )
     return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
+
+
+def diagnosis(coordinator: Coordinator, config: Config) -> Diagnosis:
+    """A `Diagnosis` that reads the leader's `/status`: each of the shard's pipelines that
+    does not consume, with its state and error; or why `/status` could not be read."""
+
+    def why(shard: int, node: str) -> str | None:
+        endpoints = coordinator.nodes().get(node)
+        if endpoints is None:
+            return f"{node} is not registered (its session ended)"
+        token = config.server.token.value or None
+        try:
+            view = fetch_json(endpoints.http, "/status", token, client_tls(config))
+        except OpsError as exc:
+            return f"its /status did not answer: {exc}"
+        found = [
+            f"pipeline {p['pipeline']}: {state_text(p)}"
+            for p in _pipelines_of(shard, node, {node: view}, {})
+            if p["state"] != "consuming" or p.get("error") or p.get("waiting")
+        ]
+        return "; ".join(found) or None
+
+    return why
 
 
 def _note_of(view: dict[str, Any]) -> str | None:
@@ -129,14 +157,18 @@ def _pipelines_of(
 
 def state_text(p: dict[str, Any]) -> str:
     """`consuming`, `consuming, re-flushing pending <block>`, `failed: <error>`,
-    `consuming, waiting_for_topic for 35 s: topic clicks does not exist`."""
+    `consuming, waiting_for_topic for 35 s: topic clicks does not exist`, `paused by
+    ops@host since ...: reason`."""
+    if p.get("paused"):
+        return pause_text(p["paused"])
     text = str(p["state"])
     if p.get("reflushing"):
         text += f", re-flushing pending {p.get('pending_block')}"
     waits = p.get("waiting") or []
     for wait in waits:
         text += f", {wait['state']} for {wait['for_s']:.0f} s: {wait['detail']}"
-    return f"{text}: {p['error']}" if p.get("error") and not waits else text
+    error = UNAUTHORIZED if _unauthorized(p.get("error")) else p.get("error")
+    return f"{text}: {error}" if error and not waits else text
 
 
 def flush_path_text(path: dict[str, Any] | None) -> str | None:
@@ -150,12 +182,28 @@ def flush_path_text(path: dict[str, Any] | None) -> str | None:
     return str(path["state"])
 
 
+def pause_text(pause: dict[str, Any]) -> str:
+    """`paused by ops@host since 2026-11-26 10:00:00Z (35s ago): reason`."""
+    return f"paused by {pause['by']} since {clock(pause['at'])}: {pause['reason']}"
+
+
+def _yes_no(value: object) -> str | None:
+    return None if value is None else "yes" if value else "no"
+
+
 def render(status: dict[str, Any]) -> str:
-    """The three tables `hakafka status` prints."""
+    """The three tables `hakafka status` prints, and under them what every node's answer
+    had in common (the token refused)."""
     shards = format_table(
         ["SHARD", "LEADER", "EPOCH", "STATUS", "SINCE"],
         [
-            [s["shard"], s["leader"], s["epoch"], s["status"], clock(s["since"])]
+            [
+                s["shard"],
+                s["leader"],
+                s["epoch"],
+                s["status"] + "".join(f", {name} paused" for name in s.get("paused", [])),
+                clock(s["since"]),
+            ]
             for s in status["shards"]
         ],
     )
@@ -207,8 +255,9 @@ def render(status: dict[str, Any]) -> str:
         [
             [
                 n["node"],
-                "yes" if n["alive"] else "no",
-                n["error"] or n["healthy"],
+                _yes_no(n["alive"]),
+                (UNAUTHORIZED if _unauthorized(n["error"]) else n["error"])
+                or _yes_no(n["healthy"]),
                 flush_path_text(n.get("flush_path")),
                 n["http"],
                 n["flight"],
@@ -220,4 +269,18 @@ def render(status: dict[str, Any]) -> str:
             for n in status["nodes"]
         ],
     )
-    return f"{shards}\n\n{pipelines}\n\n{nodes}"
+    text = f"{shards}\n\n{pipelines}\n\n{nodes}"
+    refused = [n["node"] for n in status["nodes"] if _unauthorized(n["error"])]
+    if refused:
+        text += (
+            f"\n\n{', '.join(refused)} refused this command's token (HTTP 401): set [server] "
+            f"token_file (or {ENV_SERVER_TOKEN}) in this config to the token the nodes use"
+        )
+    return text
+
+
+UNAUTHORIZED = "unauthorized (see below)"
+
+
+def _unauthorized(error: str | None) -> bool:
+    return error is not None and "HTTP 401" in error

@@ -269,6 +269,7 @@ class PipelineLeader:
             self._signals.check_stop("stopped during recovery")
             self._flusher.start()
             starts.update(self._replay(wal, starts, pending))
+            self._crash.hit("recover.after_replay")
             if self.drain:
                 self._await_drained()
                 return

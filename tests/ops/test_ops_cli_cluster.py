@@ -79,7 +79,12 @@ def test_every_command_on_a_two_node_cluster(
     epochs = zk_epochs(stack.zookeeper, zk_root)
     second = hakafka("init", "--config", config)
     assert second.code == 0, second.err
-    assert second.out == first.out
+    recorded = f"zookeeper: shard-wide settings recorded in {zk_root}/settings"
+    agreed = f"zookeeper: shard-wide settings agree with {zk_root}/settings"
+    assert recorded in first.out and agreed in second.out
+    assert second.out.replace(agreed, "") == first.out.replace(
+        f"{recorded} (nothing was recorded)", ""
+    )
     assert ch_client.query(tables_sql).result_rows == tables
     assert zk_epochs(stack.zookeeper, zk_root) == epochs
 
@@ -156,6 +161,15 @@ def test_every_command_on_a_two_node_cluster(
     assert counts.code == 0, counts.err
     assert [row["n"] for row in json.loads(counts.out)] == [10_000, 10_000]
     assert counts.err == ""
+    # In table output each shard's aggregate row says which shard it is.
+    labelled = hakafka("query", "--config", config, "SELECT count(*) AS n FROM events")
+    assert labelled.code == 0, labelled.err
+    assert [line.split() for line in labelled.out.splitlines()] == [
+        ["shard", "n"],
+        ["0", "10000"],
+        ["1", "10000"],
+        ["(2", "rows)"],
+    ]
     csv = hakafka(
         "query", "--config", config, "--shard", "1", "--format", "csv",
         "SELECT count(*) AS n FROM events WHERE _partition % 2 = 1",

@@ -4,6 +4,7 @@ run` processes on the real local stack: what lands in ClickHouse, offset by offs
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from typing import Any
@@ -106,6 +107,19 @@ def test_pause_failover_offsets_and_pending_drop_under_load(
                 produce(stack.kafka, topic, 500, partitions=PARTITIONS, start=6000 + chunk * 500)
             )
 
+    # A dry run prints what the move would skip, and changes nothing.
+    dry = run(
+        "offsets", "set", "--config", config, "--shard", "0", "--pipeline", "events",
+        "--to-latest", "--dry-run",
+    )  # fmt: skip
+    assert f"checkpoint of {topic} would move" in dry.out
+    for partition in SHARD0:
+        effect = rf"^\s+{partition}\s+1000\s+1500\s+skips 500 offsets \(1000\.\.1499\)$"
+        assert re.search(effect, dry.out, re.M), dry.out
+    assert dry.out.rstrip().endswith("dry run: nothing paused or changed")
+    still = json.loads(run("offsets", "show", "--config", config, "--shard", "0", "--json").out)
+    assert still == shown
+
     producer = threading.Thread(target=produce_load, name="load")
     producer.start()
     moved = run(
@@ -168,6 +182,12 @@ def test_pause_failover_offsets_and_pending_drop_under_load(
     (block,) = pending_blocks(config, shard)
     span = block["ranges"][topic][str(partition)]
     assert span[0] <= offset < span[1]
+    dry_drop = run(
+        "pending", "drop", "--config", config, "--shard", str(shard), "--pipeline", "events",
+        "--dry-run",
+    )  # fmt: skip
+    assert f"would abandon block {block['block_id']}: " in dry_drop.out
+    assert pending_blocks(config, shard) == [block]
     dropped = run(
         "pending",
         "drop",
@@ -203,7 +223,7 @@ def parse_move(text: str) -> dict[int, tuple[int, int]]:
     """partition -> (before, after) from the table `offsets set` prints."""
     found = {}
     for line in text.splitlines():
-        cells = line.split()
+        cells = line.split()[:3]
         if len(cells) == 3 and all(c.isdigit() for c in cells):
             found[int(cells[0])] = (int(cells[1]), int(cells[2]))
     return found

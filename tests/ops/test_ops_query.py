@@ -20,12 +20,20 @@ import pytest
 from buffer import Catalog, MemoryTable, OffsetRange, QueryLimits, SqlEngine
 from buffer.flight import FlightQueryServer
 from devstack.process import free_port
-from hakafka.coordination import Coordinator, LeaderInfo, NodeInfo
+from hakafka.coordination import Coordinator, LeaderInfo, NodeInfo, PauseRecord
 from hakafka.ops.cluster import OpsError
-from hakafka.ops.query import query_shards
+from hakafka.ops.query import DIALECT_HINT, Answer, query_shards
 
 TOKEN = "query-token"
 COUNT = "SELECT count(*) AS n, min(_shard) AS s FROM events"
+
+
+@dataclass
+class Pauses:
+    held: dict[int, dict[str, PauseRecord]] = field(default_factory=dict)
+
+    def paused(self, shard: int) -> dict[str, PauseRecord]:
+        return dict(self.held.get(shard, {}))
 
 
 @dataclass
@@ -33,10 +41,13 @@ class Directory:
     leaders: dict[int, str]
     registered: dict[str, NodeInfo] = field(default_factory=dict)
     skipped: dict[int, str] = field(default_factory=dict)  # of the last `ask`
+    recovering: set[int] = field(default_factory=set)  # shards whose leader does not consume
+    pauses: Pauses = field(default_factory=Pauses)
 
     def leader_of(self, shard: int) -> LeaderInfo | None:
         node = self.leaders.get(shard)
-        return None if node is None else LeaderInfo(node=node, epoch=1, since=0.0)
+        status = "recovering" if shard in self.recovering else "consuming"
+        return None if node is None else LeaderInfo(node=node, epoch=1, since=0.0, status=status)
 
     def nodes(self) -> dict[str, NodeInfo]:
         return dict(self.registered)
@@ -61,15 +72,25 @@ def directory() -> Iterator[Directory]:
     engine.close()
 
 
+def answer(
+    directory: Directory,
+    shards: list[int],
+    wait_s: float = 0.5,
+    partial: bool = False,
+    sql: str = COUNT,
+) -> Answer:
+    coordinator = cast(Coordinator, directory)
+    found = query_shards(
+        coordinator, shards, sql, token=TOKEN, tls=None, wait_s=wait_s, partial=partial
+    )
+    directory.skipped = found.skipped
+    return found
+
+
 def ask(
     directory: Directory, shards: list[int], wait_s: float = 0.5, partial: bool = False
 ) -> pa.Table:
-    coordinator = cast(Coordinator, directory)
-    answer = query_shards(
-        coordinator, shards, COUNT, token=TOKEN, tls=None, wait_s=wait_s, partial=partial
-    )
-    directory.skipped = answer.skipped
-    return answer.table
+    return answer(directory, shards, wait_s, partial).table
 
 
 def test_a_node_leading_two_shards_is_asked_once_per_shard(directory: Directory) -> None:
@@ -90,7 +111,10 @@ def test_a_shard_without_a_reachable_leader_fails_the_query_naming_it_after_the_
         ask(directory, [0, 1, 2], wait_s=1.0)
     assert 1.0 <= time.monotonic() - started < 5.0
     assert "failed to connect" in str(failed.value).lower()
-    assert str(failed.value).endswith("no next leader answered within 1 s; see `hakafka status`")
+    assert str(failed.value).endswith(
+        "no next leader answered within 1 s; see `hakafka status`; --partial answers from the "
+        "other shards"
+    )
     directory.leaders[3] = "n3"  # elected, not (or no longer) registered
     with pytest.raises(
         OpsError, match=r"^shard 3: its leader n3 \(epoch 1\) does not answer: n3 is not registered"
@@ -132,3 +156,47 @@ def test_partial_answers_from_the_shards_that_answer_and_names_the_others(
     assert sorted(directory.skipped) == [2, 3]
     assert directory.skipped[2].startswith("shard 2: its leader n2 (epoch 1) does not answer")
     assert directory.skipped[3] == "shard 3: it has no leader; no next leader answered within 0.5 s"
+
+
+def test_a_paused_pipeline_is_named_with_who_paused_it_and_partial_skips_its_shard(
+    directory: Directory,
+) -> None:
+    # Shard 2's leader runs no `events` pipeline: ops paused it there.
+    directory.leaders[2] = "n1"
+    directory.pauses.held[2] = {"events": PauseRecord(by="ops@h", at=time.time(), reason="swap")}
+    with pytest.raises(OpsError) as paused:
+        ask(directory, [0, 1, 2])
+    assert str(paused.value).startswith(
+        "shard 2: pipeline events is paused (by ops@h since "
+    ) and str(paused.value).endswith(
+        ": swap); its buffer is served again after `hakafka pipeline resume --pipeline events "
+        "--shard 2`; see `hakafka status`; --partial answers from the other shards"
+    )
+    table = ask(directory, [0, 1, 2], partial=True)
+    assert table.to_pylist() == [{"n": 3, "s": 0}, {"n": 5, "s": 1}]
+    assert list(directory.skipped) == [2] and "is paused (by ops@h" in directory.skipped[2]
+
+
+def test_rows_from_several_shards_are_labelled_and_a_recovering_leader_is_noted(
+    directory: Directory,
+) -> None:
+    directory.recovering.add(1)
+    found = answer(directory, [0, 1])
+    assert found.labelled().to_pylist() == [
+        {"shard": 0, "n": 3, "s": 0},
+        {"shard": 1, "n": 5, "s": 1},
+    ]
+    assert found.notes == [
+        "shard 1: its leader n1 is recovering, not consuming yet: its buffer may not hold "
+        "every row it will serve"
+    ]
+    # Rows that carry `_shard` already are left as they are.
+    rows = answer(directory, [0, 1], sql="SELECT _shard, v FROM events WHERE v = 0")
+    assert rows.labelled().column_names == ["_shard", "v"]
+
+
+def test_a_syntax_error_says_the_buffer_speaks_duckdb(directory: Directory) -> None:
+    with pytest.raises(OpsError) as failed:
+        answer(directory, [0], sql="SELECT at, v FROM events")
+    assert "Parser Error" in str(failed.value)
+    assert str(failed.value).endswith(f"({DIALECT_HINT})")

@@ -46,11 +46,18 @@ def test_init_records_and_config_check_cluster_shows_the_drift(
 
     first = hakafka("init", "--config", str(n1))
     assert first.code == 0, first.err
-    assert f"zookeeper: shard-wide settings agree with {zk_root}/settings" in first.out
+    assert (
+        f"zookeeper: shard-wide settings recorded in {zk_root}/settings (nothing was recorded)"
+    ) in first.out
+    assert "agree" not in first.out
     record = recorded(stack, zk_root)
     assert record["shard_count"] == 2 and record["engine"] == "MergeTree"
     assert record["pipelines"]["events"]["on_error"] == "dead_letter"
     assert record["endpoints"] == {"0": [stack.clickhouse], "1": [stack.clickhouse]}
+
+    again = hakafka("init", "--config", str(n1))
+    assert again.code == 0, again.err
+    assert f"zookeeper: shard-wide settings agree with {zk_root}/settings" in again.out
 
     same = hakafka("config", "check", "--cluster", str(n1))
     assert same.code == 0, same.err
