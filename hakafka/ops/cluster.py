@@ -157,6 +157,13 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     )
 
 
+def until(timestamp: float) -> str:
+    """`2024-05-01 12:00:00Z (in 35s)` (`(35s ago)` once past)."""
+    left = timestamp - time.time()
+    when = f"in {left:.0f}s" if left >= 0 else f"{-left:.0f}s ago"
+    return f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(timestamp))} ({when})"
+
+
 def clock(timestamp: float | None) -> str | None:
     """`2024-05-01 12:00:00Z (35s ago)`, or None."""
     if timestamp is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from hakafka.config import ENV_SERVER_TOKEN, Config
 from hakafka.coordination import Coordinator
-from hakafka.ops.cluster import Diagnosis, OpsError, clock, fetch_json, format_table
+from hakafka.ops.cluster import Diagnosis, OpsError, clock, fetch_json, format_table, until
 from hakafka.settings import client_tls
 
 
@@ -75,7 +75,14 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
         and all(w["state"] == "buffer_full" for w in p.get("waiting", []))
         for p in pipelines
     )
-    return {"shards": shards, "pipelines": pipelines, "nodes": nodes, "healthy": healthy}
+    reshard = coordinator.reshard.read()
+    return {
+        "shards": shards,
+        "pipelines": pipelines,
+        "nodes": nodes,
+        "reshard": None if reshard is None else asdict(reshard),
+        "healthy": healthy,
+    }
 
 
 def diagnosis(coordinator: Coordinator, config: Config) -> Diagnosis:
@@ -183,8 +190,21 @@ def flush_path_text(path: dict[str, Any] | None) -> str | None:
 
 
 def pause_text(pause: dict[str, Any]) -> str:
-    """`paused by ops@host since 2026-11-26 10:00:00Z (35s ago): reason`."""
-    return f"paused by {pause['by']} since {clock(pause['at'])}: {pause['reason']}"
+    """`paused by ops@host since 2026-11-26 10:00:00Z (35s ago): reason`, and when the
+    command that paused it holds it for its own duration, when the leader resumes it."""
+    text = f"paused by {pause['by']} since {clock(pause['at'])}: {pause['reason']}"
+    if pause.get("deadline"):
+        text += f"; the leader resumes it at {until(pause['deadline'])} unless that ends it first"
+    return text
+
+
+def reshard_text(reshard: dict[str, Any]) -> str:
+    """The line under the shard table while a reshard is in progress."""
+    return (
+        f"reshard to {reshard['shard_count']} shards in progress, by {reshard['by']} since "
+        f"{clock(reshard['at'])}: leaders drain; they abort it at {until(reshard['deadline'])} "
+        "unless it completes (`hakafka reshard --abort` ends it now)"
+    )
 
 
 def _yes_no(value: object) -> str | None:
@@ -269,6 +289,8 @@ def render(status: dict[str, Any]) -> str:
             for n in status["nodes"]
         ],
     )
+    if status.get("reshard"):
+        shards += "\n" + reshard_text(status["reshard"])
     text = f"{shards}\n\n{pipelines}\n\n{nodes}"
     refused = [n["node"] for n in status["nodes"] if _unauthorized(n["error"])]
     if refused:
