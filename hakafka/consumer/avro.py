@@ -27,7 +27,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
-from hakafka.consumer.decode import DecodeOptions
+from hakafka.consumer.decode import _CONVERSION_ERRORS, DecodeOptions
 from hakafka.consumer.errors import SchemaError
 from hakafka.consumer.registry import (
     HEADER_BYTES,
@@ -41,6 +41,7 @@ from hakafka.consumer.wire import (
     ColumnPlan,
     WriterDecoder,
     WriterGroup,
+    misfit,
     mismatch,
     missing,
     plan_column,
@@ -146,9 +147,28 @@ class AvroWriter:
     def read(self, bodies: list[bytes]) -> pa.Table:
         records = self._one(bodies[0]) if len(bodies) == 1 else self._block(bodies)
         fields = [pa.field(name, plan.build) for name, plan in self._plans.items()]
-        struct = pa.array(records, pa.struct(fields))
+        try:
+            struct = pa.array(records, pa.struct(fields))
+        except _CONVERSION_ERRORS:
+            found = self._misfit(records[0]) if len(records) == 1 else None
+            if found is None:
+                raise
+            raise ValueError(found) from None
         arrays = {name: struct.field(i) for i, name in enumerate(self._plans)}
         return table_of(self.declared, arrays, len(bodies))
+
+    def _misfit(self, record: dict[str, Any]) -> str | None:
+        """The reason (`wire.misfit`) of the first column whose value in `record` does not
+        convert to the type its plan builds; None if each converts alone."""
+        for column in self.columns:
+            plan = self._plans.get(column.name)
+            if plan is None:
+                continue
+            try:
+                pa.array([record.get(column.name)], plan.build)
+            except _CONVERSION_ERRORS:
+                return misfit(column, record.get(column.name))
+        return None
 
     def _one(self, body: bytes) -> list[Any]:
         reader = io.BytesIO(body)

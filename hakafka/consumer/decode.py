@@ -8,6 +8,10 @@ Bad messages (invalid UTF-8, oversized, empty or only whitespace, not exactly on
 unparsable, type mismatch, a required field absent or null) never stop a partition:
 `on_error="dead_letter"` returns them as dead-letter rows, `"skip"` logs and counts them,
 `"fail"` raises `DecodeError` naming the first offset. Good rows keep Kafka order.
+
+Each reason says what is wrong and where: once the bisection has a bad message alone, a
+type error is traced to its column, where its value was read (a JSON Pointer, a CSV field's
+position) and what was expected and found; that costs work only for bad messages.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from hakafka.consumer.errors import DecodeError, SchemaError
 from hakafka.consumer.messages import KafkaMessage, MessageColumns
 from hakafka.consumer.registry import RegistrySettings, SchemaRegistry
 from hakafka.consumer.schema import ArrowType, Check, ColumnSpec, PipelineSchema, Shape
+from spark_bridge.chtypes import split_type, tuple_element
 
 
 class Format(StrEnum):
@@ -140,6 +145,10 @@ class _ChunkError(ValueError):
     """A chunk of messages does not parse into exactly one row per message."""
 
 
+class _CountError(_ChunkError):
+    """A chunk parses into more or fewer rows than it has messages."""
+
+
 class _ArrowDecoder(ABC):
     """Shared engine: pre-checks, one-shot parse, bisection, required fields, assembly."""
 
@@ -148,12 +157,13 @@ class _ArrowDecoder(ABC):
         self.options = options or DecodeOptions()
         self._declared = schema.declared_schema()
         self._text = schema.text_schema()
+        self._mapped = [(column, column.mapped) for column in schema.columns]
         # Columns a text parser cannot produce directly, or whose values must pass a check:
         # parsed as `text`, then converted.
         self._converts = [
-            (i, column.name, column.mapped)
-            for i, column in enumerate(schema.columns)
-            if column.mapped.converted
+            (i, column.name, mapped)
+            for i, (column, mapped) in enumerate(self._mapped)
+            if mapped.converted
         ]
         self._output = schema.arrow_schema()
         self._required = [c.name for c in schema.columns if c.is_required]
@@ -241,8 +251,8 @@ class _ArrowDecoder(ABC):
         table = self._parse(joined, values)
         if table.num_rows != len(values):
             if len(values) == 1:
-                raise _ChunkError(f"message holds {table.num_rows} records, expected exactly one")
-            raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
+                raise _CountError(f"message holds {table.num_rows} records, expected exactly one")
+            raise _CountError(f"{table.num_rows} records from {len(values)} messages")
         for i, name, mapped in self._converts:
             table = table.set_column(i, name, _convert(table.column(i), mapped, name))
         return table
@@ -269,13 +279,25 @@ class _ArrowDecoder(ABC):
                 table = self._parse_chunk(joined if whole else b"\n".join(chunk), chunk)
             except (pa.ArrowException, ValueError) as exc:  # ArrowInvalid is a ValueError
                 if hi - lo == 1:
-                    bad[idx[lo]] = _error_text(exc)
+                    bad[idx[lo]] = self._reason(values[lo], exc)
                 else:
                     stack += _split(lo, hi, _row_hint(exc))
                 continue
             tables.append(table)
             spans.append((lo, hi))
         return tables, spans
+
+    def _reason(self, value: bytes, exc: BaseException) -> str:
+        """Why `value`, parsed alone, failed with `exc`: the column and value `_misfit` finds
+        at fault, else the error's own text (a wrong record count is never a misfit)."""
+        found = None if isinstance(exc, _CountError) else self._misfit(value)
+        return _error_text(exc) if found is None else found
+
+    def _misfit(self, value: bytes) -> str | None:
+        """Hook for formats that can tell which column of the single message `value` (a bad
+        one) does not take its value, and why; None when they cannot."""
+        del value
+        return None
 
     def _assemble(self, tables: list[pa.Table]) -> pa.Table:
         declared = pa.schema([pa.field(f.name, f.type) for f in self._declared])
@@ -368,6 +390,7 @@ _UUID = r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = rf"^{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}$"
 _SHOWN = 64  # characters of a bad value quoted in its error
+_ONE_THREAD = pjson.ReadOptions(use_threads=False)
 
 
 def _convert(column: pa.ChunkedArray, mapped: ArrowType, name: str) -> pa.ChunkedArray:
@@ -435,7 +458,16 @@ def _first_bad(ok: pa.Array, values: pa.Array, what: str) -> None:
 
 
 def _shown(value: object) -> str:
-    text = repr(value)
+    """`value` as Python prints it, cut to `_SHOWN` characters."""
+    return _clipped(repr(value))
+
+
+def _json_shown(value: object) -> str:
+    """`value` (a JSON value, or a CSV field) as JSON writes it, cut to `_SHOWN` characters."""
+    return _clipped(json.dumps(value, ensure_ascii=False))
+
+
+def _clipped(text: str) -> str:
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
@@ -449,6 +481,7 @@ def _convert_scalar(array: pa.Array, mapped: ArrowType) -> pa.Array:
         return array
     if check is Check.ENUM:
         known = pc.is_in(array, value_set=pa.array(sorted(mapped.enum_names), pa.string()))
+        known = pc.or_kleene(known, pc.is_null(array))  # null: a Nullable column's no value
         names = ", ".join(repr(n) for n in sorted(mapped.enum_names))
         _first_bad(known, array, f"one of the Enum's names ({names})")
         return array
@@ -580,6 +613,10 @@ class JsonDecoder(_ArrowDecoder):
 
     A value with a raw newline (legal only as whitespace between JSON tokens) is checked
     with the strict `json` module and its newlines turned into spaces before the batch parse.
+
+    A bad message's reason names the column, the JSON Pointer of the value and what was
+    expected and found (`column 'user_id' (JSON /user/id): expected UInt64, got string
+    "x"`), or the byte where the message stops being JSON.
     """
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
@@ -613,6 +650,35 @@ class JsonDecoder(_ArrowDecoder):
             for column in self._objects:
                 columns[column.name] = _object_column(messages, column)
         return pa.table([columns[name] for name in self._text.names], schema=self._text)
+
+    def _misfit(self, value: bytes) -> str | None:
+        """The first column (in declared order) whose value in `value` does not fit, named
+        with the JSON Pointer to that value; or where `value` is not one JSON object; None if
+        the `json` module reads it and finds nothing wrong (Arrow's error then stands)."""
+        text = value.decode()  # valid UTF-8: `decode_columns` moved the others to `bad`
+        try:
+            message = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"not valid JSON at byte {len(text[: exc.pos].encode())}: {exc.msg}"
+        except RecursionError:  # nested deeper than Python's stack; Arrow's text says why
+            return None
+        if not isinstance(message, dict):
+            return _Misfit((), "a JSON object", message).text()
+        for column, mapped in self._mapped:
+            if mapped.needs_objects:
+                found = _value_misfit(
+                    _follow(message, column.steps),
+                    mapped,
+                    _bare(column.clickhouse_type),
+                    column.steps,
+                    _object_scalar,
+                    checks=True,
+                )
+            else:
+                found = _parsed_misfit(message, column, mapped)
+            if found is not None:
+                return _json_reason(column, found)
+        return None
 
     def _read(self, joined: bytes) -> pa.Table:
         return pjson.read_json(
@@ -787,21 +853,55 @@ def _at_path(column: pa.ChunkedArray, steps: tuple[str | int, ...]) -> pa.Array:
     return array
 
 
+# What building a column's text values from Python values (`pa.array`) raises for a bad one.
+_CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError)
+_Steps = tuple[str | int, ...]  # keys and indexes from a JSON message's root
+_ReadScalar = Callable[[object, ArrowType], pa.Array]  # a scalar into its type's text form
+
+
 def _object_column(messages: list[object], column: ColumnSpec) -> pa.Array:
     """`column` from messages parsed by `json`, in its text type."""
-    values = []
+    mapped, steps = column.mapped, column.steps
     try:
-        for message in messages:
-            value = message
-            for step in column.steps:
-                if isinstance(step, str):
-                    value = value.get(step) if isinstance(value, dict) else None
-                else:
-                    value = value[step] if isinstance(value, list) and step < len(value) else None
-            values.append(_text_value(value, column.mapped))
-        return pa.array(values, column.mapped.text)
-    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        values = [_text_value(_follow(m, steps), mapped) for m in messages]
+        return pa.array(values, mapped.text)
+    except _CONVERSION_ERRORS as exc:
         raise _ChunkError(f"column {column.name!r}: {exc}") from None
+
+
+def _follow(message: object, steps: _Steps) -> object:
+    """The value at `steps` in `message` (parsed by `json`); None where a step finds no key,
+    no such item, or not an object or array."""
+    value = message
+    for step in steps:
+        if isinstance(step, str):
+            value = value.get(step) if isinstance(value, dict) else None
+        else:
+            value = value[step] if isinstance(value, list) and step < len(value) else None
+    return value
+
+
+def _items(value: object, mapped: ArrowType) -> list[tuple[str | int, object, int]] | None:
+    """The contents of `value` read as the container `mapped` (Array, Map, Tuple), as
+    `_text_value` reads them: for each, its step (index or key), its value and the index of its
+    type in `mapped.children` (of a Map entry: its value's). None if `value` is not the JSON
+    container `mapped` is read from: an array (for an unnamed Tuple, of as many items as it
+    has), else an object."""
+    if mapped.shape is Shape.LIST or mapped.positional:
+        if not isinstance(value, list):
+            return None
+        if mapped.shape is Shape.LIST:
+            return [(i, item, 0) for i, item in enumerate(value)]
+        return (
+            [(i, item, i) for i, item in enumerate(value)]
+            if len(value) == len(mapped.children)
+            else None
+        )
+    if not isinstance(value, dict):
+        return None
+    if mapped.shape is Shape.MAP:
+        return [(key, item, 1) for key, item in value.items()]
+    return [(f.name, value.get(f.name), i) for i, f in enumerate(mapped.arrow)]
 
 
 def _text_value(value: object, mapped: ArrowType) -> object:
@@ -840,6 +940,192 @@ def _text_value(value: object, mapped: ArrowType) -> object:
     return value
 
 
+@dataclass(frozen=True)
+class _Misfit:
+    """A value its column does not take: `found`, at `at` (steps from the message's root),
+    where `expected` (a ClickHouse type, or the container a path goes through) was. `convert`:
+    `found` is a kind of value the type is read from, yet it does not convert."""
+
+    at: _Steps
+    expected: str
+    found: object
+    convert: bool = False
+
+    def text(self, where: str = "") -> str:
+        """What is wrong, `where` (" at /x", or nothing) after the value or the type."""
+        shown = _json_shown(self.found)
+        if self.convert:
+            return f"cannot convert {shown}{where} to {self.expected}"
+        return f"expected {self.expected}{where}, got {_json_kind(self.found)} {shown}"
+
+
+def _json_kind(value: object) -> str:
+    """The JSON kind of a value parsed by `json`, as Arrow's errors name it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _kinds_read(mapped: ArrowType) -> tuple[str, ...]:
+    """The JSON kinds a scalar type is read from."""
+    text = mapped.text
+    if mapped.check is Check.JSON:
+        return ("object",)
+    if pa.types.is_boolean(text):
+        return ("boolean",)
+    if pa.types.is_string(text) or pa.types.is_timestamp(text):
+        return ("string",)
+    if pa.types.is_decimal(text):
+        return ("number", "string")
+    return ("number",)
+
+
+def _pointer(steps: _Steps) -> str:
+    """`steps` as a JSON Pointer (RFC 6901): `/user/id`, `/items/0/sku`."""
+    return "".join("/" + str(s).replace("~", "~0").replace("/", "~1") for s in steps)
+
+
+def _bare(ch_type: str) -> str:
+    """`ch_type` without the Nullable and LowCardinality around it."""
+    name, args = split_type(ch_type)
+    return _bare(args[0]) if name in ("Nullable", "LowCardinality") else ch_type.strip()
+
+
+def _inner_types(ch_type: str) -> list[str]:
+    """The ClickHouse types of `arrow_type(ch_type).children`, in order, bare (`_bare`)."""
+    name, args = split_type(_bare(ch_type))
+    if name == "Nested":
+        return [f"Tuple({', '.join(args)})"]
+    if name == "Tuple":
+        args = [tuple_element(arg)[1] for arg in args]
+    return [_bare(arg) for arg in args]  # Array(T): [T]; Map(K, V): [K, V]
+
+
+def _json_scalar(value: object, mapped: ArrowType) -> pa.Array:
+    """`value` (parsed by `json`) as Arrow's JSON reader reads it into the scalar type
+    `mapped.text`: a one-value array. ValueError (or an Arrow error) where the reader fails:
+    a kind it does not read into the type, a fraction or an integer out of range for an
+    integer type, text its timestamp or decimal parser refuses."""
+    text = mapped.text
+    kind = _json_kind(value)
+    if kind not in _kinds_read(mapped) or (pa.types.is_integer(text) and isinstance(value, float)):
+        raise ValueError(f"Arrow reads no JSON {kind} as {text}")
+    if pa.types.is_timestamp(text) or pa.types.is_decimal(text):  # Arrow's own text parsers
+        document = pa.BufferReader(b'{"v":' + json.dumps(value).encode() + b"}")
+        options = pjson.ParseOptions(explicit_schema=pa.schema([("v", text)]))
+        read = pjson.read_json(document, read_options=_ONE_THREAD, parse_options=options)
+        return read.column(0).combine_chunks()
+    if pa.types.is_floating(text) and isinstance(value, int):
+        value = float(value)  # as Arrow reads an integer too big for int64: the nearest double
+    return pa.array([value], text)
+
+
+def _object_scalar(value: object, mapped: ArrowType) -> pa.Array:
+    """`value` (parsed by `json`) as `_object_column` builds it into the scalar type
+    `mapped.text`: a one-value array; an error where that fails."""
+    return pa.array([_text_value(value, mapped)], mapped.text)
+
+
+def _object_key(key: object, mapped: ArrowType) -> pa.Array:
+    """An object's key as `_text_value` builds it into the Map key type `mapped` (an integer
+    type: by `int`): a one-value array; an error where that fails."""
+    return pa.array([int(str(key)) if pa.types.is_integer(mapped.text) else key], mapped.text)
+
+
+def _parsed_misfit(
+    message: dict[str, object], column: ColumnSpec, mapped: ArrowType
+) -> _Misfit | None:
+    """The first value in `message` that Arrow's JSON reader, reading `column` at its path
+    (`_parse_schema`), or then `_convert`, refuses: a value on the path that is not the
+    object or array the next step needs, or a value of the column's type that does not fit.
+    Arrow reads every item of an array on the path; `_convert` checks only the value the
+    path picks (`_at_path`)."""
+    spots: list[tuple[_Steps, object]] = [((), message)]
+    for step in column.steps:
+        inner: list[tuple[_Steps, object]] = []
+        for at, value in spots:
+            if value is None:
+                continue
+            if isinstance(step, str):
+                if not isinstance(value, dict):
+                    return _Misfit(at, "an object", value)
+                inner.append(((*at, step), value.get(step)))
+            elif isinstance(value, list):
+                inner += [((*at, i), item) for i, item in enumerate(value)]
+            else:
+                return _Misfit(at, "an array", value)
+        spots = inner
+    ch_type = _bare(column.clickhouse_type)
+    for at, value in spots:
+        found = _value_misfit(value, mapped, ch_type, at, _json_scalar, checks=at == column.steps)
+        if found is not None:
+            return found
+    return None
+
+
+def _value_misfit(
+    value: object, mapped: ArrowType, ch_type: str, at: _Steps, read: _ReadScalar, *, checks: bool
+) -> _Misfit | None:
+    """The first value in `value` (at `at`, of ClickHouse type `ch_type`) that does not fit:
+    a container that is not the one `mapped` is read from, a scalar `read` fails on, or, if
+    `checks`, one `_convert` refuses."""
+    if value is None:
+        return None
+    if mapped.shape is Shape.SCALAR:
+        return _scalar_misfit(value, mapped, ch_type, at, read, checks=checks)
+    items = _items(value, mapped)
+    if items is None:
+        return _Misfit(at, ch_type, value)
+    inner = _inner_types(ch_type)
+    for step, item, i in items:
+        here = (*at, step)
+        found = None
+        if mapped.shape is Shape.MAP:
+            key_ch = f"{inner[0]} (a Map key)"
+            found = _scalar_misfit(
+                step, mapped.children[0], key_ch, here, _object_key, checks=checks
+            )
+        found = found or _value_misfit(
+            item, mapped.children[i], inner[i], here, read, checks=checks
+        )
+        if found is not None:
+            return found
+    return None
+
+
+def _scalar_misfit(
+    value: object, mapped: ArrowType, ch_type: str, at: _Steps, read: _ReadScalar, *, checks: bool
+) -> _Misfit | None:
+    """A misfit if `read` fails on the scalar `value` or, if `checks`, `_convert` refuses it."""
+    try:
+        array = read(value, mapped)
+    except _CONVERSION_ERRORS:
+        return _Misfit(at, ch_type, value, convert=_json_kind(value) in _kinds_read(mapped))
+    if checks and mapped.converted:
+        try:
+            _convert_array(array, mapped)
+        except ValueError:  # _BadValueError, or an Arrow cast error
+            return _Misfit(at, ch_type, value)
+    return None
+
+
+def _json_reason(column: ColumnSpec, misfit: _Misfit) -> str:
+    """A dead letter's reason for `misfit` in `column`: the column, and the JSON Pointer to the
+    value when it lies in the column's value, else to the column's value with " at" where
+    the path went wrong."""
+    steps = column.steps
+    inside = misfit.at[: len(steps)] == steps
+    where = "" if inside else f" at {_pointer(misfit.at)}"
+    pointer = _pointer(misfit.at if inside else steps)
+    return f"column {column.name!r} (JSON {pointer}): {misfit.text(where)}"
+
+
 class RawDecoder(_ArrowDecoder):
     """The whole value as the single declared column, which must be a String type."""
 
@@ -865,6 +1151,8 @@ class CsvDecoder(_ArrowDecoder):
     Quoted fields may hold newlines. An empty unquoted field of a non-String column is null.
     A message is exactly one record (line breaks around it are ignored), else a bad message:
     two records, or a quote left open (which Arrow would read on into the next messages).
+    A field that does not convert names its column and 1-based position (`column 'id' (CSV
+    field 1): cannot convert "x" to UInt32`).
     """
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
@@ -883,13 +1171,8 @@ class CsvDecoder(_ArrowDecoder):
         self._parse_options = pcsv.ParseOptions(
             delimiter=self.options.csv_delimiter, newlines_in_values=True
         )
-        # NULL is what ClickHouse's CSV reads as NULL (an empty field, \N), not Arrow's
-        # pandas-style list, which turned "nan" and "NA" into NULL silently.
-        self._convert = pcsv.ConvertOptions(
-            column_types={f.name: f.type for f in self._text},
-            null_values=["", "\\N"],
-            quoted_strings_can_be_null=False,
-        )
+        self._convert = _csv_convert({f.name: f.type for f in self._text})
+        self._fields = _csv_convert(dict.fromkeys(self._text.names, pa.string()))
         self._record, self._one_record = _csv_record_patterns(self.options.csv_delimiter)
 
     def _prepare(
@@ -938,12 +1221,55 @@ class CsvDecoder(_ArrowDecoder):
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
         del values
+        return self._read_csv(joined, self._convert)
+
+    def _read_csv(self, data: bytes, convert: pcsv.ConvertOptions) -> pa.Table:
         return pcsv.read_csv(
-            pa.BufferReader(joined),
+            pa.BufferReader(data),
             read_options=self._read,
             parse_options=self._parse_options,
-            convert_options=self._convert,
+            convert_options=convert,
         )
+
+    def _misfit(self, value: bytes) -> str | None:
+        """The first field of the record `value` that its column's type does not take (Arrow's
+        conversion of that field alone, then `_convert`'s checks); None if `value` is not one
+        record of as many fields as there are columns (Arrow's error says so)."""
+        try:
+            fields = self._read_csv(value, self._fields)
+        except pa.ArrowInvalid:
+            return None
+        if fields.num_rows != 1:
+            return None
+        for position, (column, mapped) in enumerate(self._mapped, start=1):
+            field = fields.column(position - 1)
+            try:
+                if not pa.types.is_string(mapped.text):
+                    only = _csv_convert({column.name: mapped.text}, [column.name])
+                    field = self._read_csv(value, only).column(0)
+                if mapped.converted:
+                    _convert_array(field.combine_chunks(), mapped)
+            except ValueError:  # ArrowInvalid, _BadValueError
+                found = _json_shown(fields.column(position - 1)[0].as_py())
+                return (
+                    f"column {column.name!r} (CSV field {position}): cannot convert {found} to "
+                    f"{_bare(column.clickhouse_type)}"
+                )
+        return None
+
+
+def _csv_convert(
+    types: dict[str, pa.DataType], only: list[str] | None = None
+) -> pcsv.ConvertOptions:
+    """Arrow's CSV conversion of the columns `types` names into those types (of the columns
+    `only`, if given). NULL is what ClickHouse's CSV reads as NULL (an empty field, \\N), not
+    Arrow's pandas-style list, which turned "nan" and "NA" into NULL silently."""
+    return pcsv.ConvertOptions(
+        column_types=types,
+        include_columns=only,
+        null_values=["", "\\N"],
+        quoted_strings_can_be_null=False,
+    )
 
 
 def _refuse_paths(schema: PipelineSchema, format: str) -> None:

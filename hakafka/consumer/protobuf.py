@@ -31,7 +31,7 @@ import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from hakafka.consumer.decode import DecodeOptions
+from hakafka.consumer.decode import _CONVERSION_ERRORS, DecodeOptions
 from hakafka.consumer.errors import ConsumerError
 from hakafka.consumer.registry import (
     HEADER_BYTES,
@@ -45,6 +45,7 @@ from hakafka.consumer.schema import ColumnSpec, PipelineSchema
 from hakafka.consumer.wire import (
     WriterDecoder,
     WriterGroup,
+    misfit,
     mismatch,
     missing,
     plan_column,
@@ -183,6 +184,18 @@ def _scalar(fd: FieldDescriptor, target: pa.DataType) -> Callable[[list[Any]], A
     return lambda items: list(map(get, items))
 
 
+def _field_value(message: Any, fd: FieldDescriptor) -> object:
+    """Field `fd` of `message` as plain Python values: a repeated field as a list, a map as
+    a dict, a wrapper (`google.protobuf.Int64Value`, ...) as its value."""
+    value = getattr(message, fd.name)
+    if _is_scalar_map(fd):
+        return dict(value)
+    items = list(value) if fd.is_repeated else [value]
+    if fd.type == _F.TYPE_MESSAGE and fd.message_type.full_name in _WRAPPERS:
+        items = [item.value for item in items]
+    return items if fd.is_repeated else items[0]
+
+
 def _field(fd: FieldDescriptor, inner: str = "") -> Callable[[Any], Any]:
     """A getter of field `fd` of a message (`inner`: of its sub-message), or of an element
     itself when `fd` is repeated (the elements are the values)."""
@@ -233,7 +246,17 @@ class ProtobufWriter:
     def read(self, bodies: list[bytes]) -> pa.Table:
         assert self._parse is not None
         messages = list(map(self._parse, bodies))
-        arrays = {name: read(messages) for name, read in self._readers.items()}
+        arrays: dict[str, pa.Array] = {}
+        for name, read in self._readers.items():
+            try:
+                arrays[name] = read(messages)
+            except _CONVERSION_ERRORS:
+                if len(messages) != 1:
+                    raise
+                assert self.message is not None
+                value = _field_value(messages[0], self.message.fields_by_name[name])
+                column = next(c for c in self.columns if c.name == name)
+                raise ValueError(misfit(column, value)) from None
         return table_of(self.declared, arrays, len(bodies))
 
 

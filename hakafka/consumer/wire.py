@@ -35,13 +35,15 @@ from hakafka.consumer.decode import (
     DecodedBatch,
     DecodeOptions,
     _ArrowDecoder,
-    _ChunkError,
+    _bare,
     _convert,
+    _CountError,
+    _shown,
 )
 from hakafka.consumer.errors import SchemaError
 from hakafka.consumer.messages import MessageColumns
 from hakafka.consumer.registry import RegistryUnavailableError
-from hakafka.consumer.schema import ArrowType, Check, PipelineSchema
+from hakafka.consumer.schema import ArrowType, Check, ColumnSpec, PipelineSchema
 
 
 class Writer(Protocol):
@@ -127,7 +129,7 @@ class WriterDecoder(_ArrowDecoder):
     def _parse_chunk(self, joined: bytes, values: list[bytes]) -> pa.Table:
         table = self._parse(joined, values)
         if table.num_rows != len(values):
-            raise _ChunkError(f"{table.num_rows} records from {len(values)} messages")
+            raise _CountError(f"{table.num_rows} records from {len(values)} messages")
         converted = self._reading().converted
         for i, name, mapped in self._converts:
             if name in converted:
@@ -188,6 +190,14 @@ def mismatch(where: str, field: str, kind: str, column: str, ch_type: str) -> st
     return (
         f"{where}: field {field!r} ({kind.replace('array:', 'array of ')}) does not fit "
         f"column {column!r} {ch_type}"
+    )
+
+
+def misfit(column: ColumnSpec, value: object) -> str:
+    """The reason a record is bad: its `value` of `column` does not convert to the column's
+    type (a number out of the type's range, a decimal with too many digits)."""
+    return (
+        f"column {column.name!r}: cannot convert {_shown(value)} to {_bare(column.clickhouse_type)}"
     )
 
 

@@ -180,18 +180,34 @@ def bad(field: str, value: Any) -> str:
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [
-        ("u", "not-a-uuid", "column 'u': 'not-a-uuid' is not a UUID"),
-        ("e", "c", "column 'e': 'c' is not one of the Enum's names ('a', 'b')"),
-        ("ip4", "1.2.3.256", "column 'ip4': '1.2.3.256' is not an IPv4 address"),
-        ("ip4", "1.2.3", "column 'ip4': '1.2.3' is not an IPv4 address"),
-        ("ip6", "2001:db8::g", "column 'ip6': '2001:db8::g' is not an IPv6 address"),
-        ("fs", "abcde", "column 'fs': 'abcde' is not at most 4 bytes long"),
-        ("fs", "ééé", "column 'fs': 'ééé' is not at most 4 bytes long"),
-        ("j", [1], "column 'j': [1] is not a JSON object"),
-        ("tu", [1, "x", 3], "column 'tu': [1, 'x', 3] is not an array of 2 (Tuple)"),
-        ("m", {"k": -1}, "column 'm':"),
-        ("ids", [UUID, None, "x"], "column 'ids'[2]: 'x' is not a UUID"),
-        ("n", [{"a": 1, "b": UUID}, {"a": 2, "b": "y"}], "column 'n'[1].b: 'y' is not a UUID"),
+        ("u", "not-a-uuid", "column 'u' (JSON /u): expected UUID, got string \"not-a-uuid\""),
+        (
+            "e",
+            "c",
+            "column 'e' (JSON /e): expected Enum8('a' = 1, 'b' = -2), got string \"c\"",
+        ),
+        ("ip4", "1.2.3.256", "column 'ip4' (JSON /ip4): expected IPv4, got string \"1.2.3.256\""),
+        ("ip4", "1.2.3", "column 'ip4' (JSON /ip4): expected IPv4, got string \"1.2.3\""),
+        (
+            "ip6",
+            "2001:db8::g",
+            "column 'ip6' (JSON /ip6): expected IPv6, got string \"2001:db8::g\"",
+        ),
+        ("fs", "abcde", "column 'fs' (JSON /fs): expected FixedString(4), got string \"abcde\""),
+        ("fs", "ééé", "column 'fs' (JSON /fs): expected FixedString(4), got string \"ééé\""),
+        ("j", [1], "column 'j' (JSON /j): expected JSON, got array [1]"),
+        (
+            "tu",
+            [1, "x", 3],
+            "column 'tu' (JSON /tu): expected Tuple(Int32, String), got array [1, \"x\", 3]",
+        ),
+        ("m", {"k": -1}, "column 'm' (JSON /m/k): cannot convert -1 to UInt32"),
+        ("ids", [UUID, None, "x"], "column 'ids' (JSON /ids/2): expected UUID, got string \"x\""),
+        (
+            "n",
+            [{"a": 1, "b": UUID}, {"a": 2, "b": "y"}],
+            "column 'n' (JSON /n/1/b): expected UUID, got string \"y\"",
+        ),
     ],
 )
 def test_a_value_that_does_not_fit_its_type_is_a_dead_letter_naming_column_and_position(
@@ -201,9 +217,7 @@ def test_a_value_that_does_not_fit_its_type_is_a_dead_letter_naming_column_and_p
     values[4] = bad(field, value)
     rows, dead = decode(values)
     assert len(rows) == 5
-    assert list(dead) == [4]
-    assert dead[4].startswith(reason), dead[4]
-    assert " in row " not in dead[4]
+    assert dead == {4: reason}
 
 
 def test_map_and_tuple_bad_values_inside_containers_name_the_entry() -> None:
@@ -216,9 +230,9 @@ def test_map_and_tuple_bad_values_inside_containers_name_the_entry() -> None:
         schema,
     )
     assert len(rows) == 2
-    assert dead == {1: "column 'm'[0].value[1]: '300.1.1.1' is not an IPv4 address"}
+    assert dead == {1: "column 'm' (JSON /m/k/1): expected IPv4, got string \"300.1.1.1\""}
     rows, dead = decode([good, json.dumps({"m": {}, "t": {"a": "y"}})], schema)
-    assert dead == {1: "column 't'.a: 'y' is not one of the Enum's names ('x')"}
+    assert dead == {1: "column 't' (JSON /t/a): expected Enum8('x' = 1), got string \"y\""}
     assert rows == [{"m": [("k", ["1.1.1.1"])], "t": {"a": "x"}, "_partition": 0, "_offset": 0}]
 
 
@@ -310,8 +324,8 @@ def test_csv_reads_the_text_types_and_refuses_containers() -> None:
         (UUID, "1.2.3.4", "a", b"xy\x00", '{"k":1}')
     ]
     assert dead == {
-        1: "column 'e': 'b' is not one of the Enum's names ('a')",
-        2: "column 'j': '[1]' is not a JSON object",
+        1: "column 'e' (CSV field 3): cannot convert \"b\" to Enum8('a' = 1)",
+        2: "column 'j' (CSV field 5): cannot convert \"[1]\" to JSON",
     }
     with pytest.raises(SchemaError, match="cannot be read from CSV"):
         make_decoder(Format.CSV, PipelineSchema.of([("m", "Map(String, Int8)")]))
@@ -321,7 +335,9 @@ def test_fail_policy_names_the_offset_and_the_bad_value() -> None:
     decoder = make_decoder(
         Format.JSON, PipelineSchema.of([("u", "UUID")]), DecodeOptions(on_error=OnError.FAIL)
     )
-    with pytest.raises(Exception, match=r"offset 11.*column 'u': 'nope' is not a UUID"):
+    with pytest.raises(
+        Exception, match=r"offset 11: column 'u' \(JSON /u\): expected UUID, got string \"nope\""
+    ):
         decoder.decode_columns(columns([f'{{"u": "{UUID}"}}', '{"u": "nope"}'], first=10))
 
 
@@ -340,7 +356,7 @@ def test_ipv6_decodes_to_the_text_clickhouse_prints() -> None:
     schema = PipelineSchema.of([("ip", "IPv6")])
     rows, dead = decode([json.dumps({"ip": ip}) for ip in [*written, "fe80::1%eth0"]], schema)
     assert [r["ip"] for r in rows] == list(written.values())
-    assert dead == {7: "column 'ip': 'fe80::1%eth0' is not an IPv6 address"}
+    assert dead == {7: "column 'ip' (JSON /ip): expected IPv6, got string \"fe80::1%eth0\""}
 
 
 def test_the_query_buffer_takes_the_new_types_and_sql_reads_inside_them() -> None:
@@ -364,3 +380,10 @@ def test_the_query_buffer_takes_the_new_types_and_sql_reads_inside_them() -> Non
         {"u": UUID, "k": i, "b": "s", "t1": i, "nb": None, "fs": b"ab\0\0", "y": 2}
         for i in range(3)
     ]
+
+
+def test_a_nullable_enum_takes_null_and_missing_values() -> None:
+    schema = PipelineSchema.of([("e", "Nullable(Enum8('a' = 1))")])
+    rows, dead = decode(['{"e": "a"}', '{"e": null}', "{}"], schema)
+    assert dead == {}
+    assert [r["e"] for r in rows] == ["a", None, None]
