@@ -21,6 +21,7 @@ from devstack.clickhouse import ClickHouseService
 from hakafka.logs import configure as configure_logs
 from spark_bridge import (
     FlushTarget,
+    HandoffOptions,
     Replica,
     SparkRuntime,
     SparkSettings,
@@ -90,12 +91,21 @@ def direct_insert(client: Client, name: str, table: pa.Table, run: int) -> float
 
 
 def spark_flush(
-    spark: SparkSession, replica: Replica, name: str, table: pa.Table, run: int
+    spark: SparkSession,
+    replica: Replica,
+    name: str,
+    table: pa.Table,
+    run: int,
+    *,
+    handoff: HandoffOptions | None = None,
 ) -> float:
-    """Seconds of one `flush_block` of `table` into bench.`name`. Tokens derive from the
+    """Seconds of one `flush_block` of `table` into bench.`name`, its slices handed off as
+    `handoff` says (default: plain gRPC, an ephemeral port). Tokens derive from the
     pipeline and the block's offsets: a pipeline per run and table, or ClickHouse would
     rightly drop the repeats as duplicates."""
-    target = FlushTarget("bench", name, (replica,), f"{name}-{run}")
+    target = FlushTarget(
+        "bench", name, (replica,), f"{name}-{run}", handoff=handoff or HandoffOptions()
+    )
     started = time.perf_counter()
     result = flush_block(spark, Block(f"{name}-{run}", table), target)
     took = time.perf_counter() - started

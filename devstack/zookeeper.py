@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from devstack.process import (
     free_port,
     wait_until,
 )
+from devstack.tls import CertificateFiles
 
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 TICK_MS = 200
@@ -82,9 +84,13 @@ def zookeeper_classpath() -> str:
     return ":".join(picked)
 
 
-def four_letter_word(port: int, word: str, timeout: float = 1.0) -> str:
-    """Send a ZooKeeper four-letter command to 127.0.0.1:`port` and return the answer."""
-    with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+def four_letter_word(
+    port: int, word: str, timeout: float = 1.0, tls: ssl.SSLContext | None = None
+) -> str:
+    """Send a ZooKeeper four-letter command to 127.0.0.1:`port` (over TLS with `tls`) and
+    return the answer."""
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as raw:
+        sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=LOOPBACK)
         sock.sendall(word.encode("ascii"))
         chunks = []
         while True:
@@ -95,10 +101,17 @@ def four_letter_word(port: int, word: str, timeout: float = 1.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def server_mode(port: int) -> str | None:
+def client_context(certificates: CertificateFiles) -> ssl.SSLContext:
+    """A TLS client context that trusts `certificates`' CA and presents its certificate."""
+    context = ssl.create_default_context(cafile=str(certificates.ca_file))
+    context.load_cert_chain(str(certificates.cert_file), str(certificates.key_file))
+    return context
+
+
+def server_mode(port: int, tls: ssl.SSLContext | None = None) -> str | None:
     """`leader`, `follower` or `standalone` if the member on `port` serves clients, else None."""
     try:
-        answer = four_letter_word(port, "srvr")
+        answer = four_letter_word(port, "srvr", tls=tls)
     except OSError:
         return None
     for line in answer.splitlines():
@@ -126,7 +139,18 @@ class ZooKeeperMember:
 class ZooKeeperEnsemble:
     """A standalone ZooKeeper server (`members=1`) or a quorum of 3, started by this object."""
 
-    def __init__(self, root: Path, *, members: int = 1, client_ports: list[int] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        members: int = 1,
+        client_ports: list[int] | None = None,
+        tls: CertificateFiles | None = None,
+    ):
+        """With `tls`, each member serves clients over TLS only (`secureClientPort`, no plain
+        port), with `tls`' certificate, and requires a client certificate its CA signed."""
+        self.tls = tls
+        self._context = None if tls is None else client_context(tls)
         if members not in (1, 3):
             raise ValueError(f"members must be 1 or 3, got {members}")
         if client_ports is not None and len(client_ports) != members:
@@ -158,8 +182,7 @@ class ZooKeeperEnsemble:
             "minSessionTimeout=400",
             "maxSessionTimeout=60000",
             f"dataDir={member.data_dir}",
-            f"clientPort={member.client_port}",
-            f"clientPortAddress={LOOPBACK}",
+            *self._client_port_lines(member),
             "4lw.commands.whitelist=ruok,srvr,stat,mntr,envi,conf,cons",
             "admin.enableServer=false",
             "autopurge.purgeInterval=1",
@@ -175,6 +198,23 @@ class ZooKeeperEnsemble:
         cfg.write_text("\n".join(lines) + "\n")
         (self.root / "log4j2.properties").write_text(_LOG4J2)
         return cfg
+
+    def _client_port_lines(self, member: ZooKeeperMember) -> list[str]:
+        if self.tls is None:
+            return [f"clientPort={member.client_port}", f"clientPortAddress={LOOPBACK}"]
+        keystore = member.data_dir / "keystore.pem"  # ZooKeeper's PEM keystore: key + chain
+        keystore.touch(mode=0o600)
+        keystore.write_bytes(self.tls.key_file.read_bytes() + self.tls.cert_file.read_bytes())
+        return [
+            f"secureClientPort={member.client_port}",
+            f"secureClientPortAddress={LOOPBACK}",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.tls.ca_file}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=need",
+        ]
 
     def _spawn(self, member: ZooKeeperMember) -> None:
         ensure_port_free(member.client_port, what=f"ZooKeeper member {member.myid}")
@@ -222,10 +262,10 @@ class ZooKeeperEnsemble:
 
     def healthy(self) -> bool:
         """True when every member serves clients."""
-        return all(server_mode(m.client_port) is not None for m in self.members)
+        return all(server_mode(m.client_port, self._context) is not None for m in self.members)
 
     def mode(self, myid: int) -> str | None:
-        return server_mode(self.member(myid).client_port)
+        return server_mode(self.member(myid).client_port, self._context)
 
     def member(self, myid: int) -> ZooKeeperMember:
         for member in self.members:
@@ -236,7 +276,7 @@ class ZooKeeperEnsemble:
     def leader_id(self) -> int | None:
         """The myid of the member that is quorum leader (or the standalone server)."""
         for member in self.members:
-            if server_mode(member.client_port) in ("leader", "standalone"):
+            if server_mode(member.client_port, self._context) in ("leader", "standalone"):
                 return member.myid
         return None
 
@@ -256,11 +296,10 @@ class ZooKeeperEnsemble:
         self._spawn(member)
         self._wait_serving(member, timeout)
 
-    @staticmethod
-    def _wait_serving(member: ZooKeeperMember, timeout: float) -> None:
+    def _wait_serving(self, member: ZooKeeperMember, timeout: float) -> None:
         assert member.process is not None
-        port = member.client_port
-        member.process.wait_ready(lambda: server_mode(port) is not None, timeout=timeout)
+        port, context = member.client_port, self._context
+        member.process.wait_ready(lambda: server_mode(port, context) is not None, timeout=timeout)
 
     def wait_settled(self, timeout: float = 30.0) -> None:
         """Wait until the running members agree on one leader."""
@@ -268,6 +307,8 @@ class ZooKeeperEnsemble:
 
     def leader_id_is_single(self) -> bool:
         modes = [
-            server_mode(m.client_port) for m in self.members if m.process and m.process.alive()
+            server_mode(m.client_port, self._context)
+            for m in self.members
+            if m.process and m.process.alive()
         ]
         return modes.count("leader") + modes.count("standalone") == 1 and None not in modes

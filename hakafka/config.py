@@ -47,6 +47,7 @@ from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from hakafka.consumer.schema import parse_path
 from hakafka.logs import LogLevel
 from spark_bridge.connection import is_loopback
+from spark_bridge.handoff import PortRange
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
 
@@ -179,6 +180,13 @@ class ZooKeeperConfig:
     auth_password: Secret = field(default=Secret(""), metadata={"env": ENV_ZK_PASSWORD})
     # A root that anyone may change: false warns at start (`zookeeper.acl_open`), true refuses.
     require_acl: bool = False
+    # TLS to the ensemble's secureClientPort: the server verified against `ca_file` ("" = the
+    # system's CAs) and its host name; `cert_file` and `key_file` (PEM, both or neither) for
+    # servers that require client certificates (ssl.clientAuth=need).
+    tls: bool = False
+    ca_file: str = _checked("", _ca_file_problem)
+    cert_file: str = _checked("", _readable_problem)
+    key_file: str = _checked("", _readable_problem)
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,16 @@ class ClickHouseConfig:
     insert_timeout: float = 60.0
 
 
+def _port_range_problem(value: str) -> str | None:
+    """A `spark_bridge.handoff.PortRange` as written (or "" for none)."""
+    try:
+        if value:
+            PortRange.parse(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[2]"
@@ -219,6 +237,9 @@ class SparkConfig:
     handoff_host: str = _checked("", _host_problem)
     # The address the handoff listens on; "" = handoff_host (0.0.0.0 behind NAT).
     handoff_bind: str = _checked("", _host_problem)
+    # The ports the handoff may listen on, "41000-41099" or one port (each flush in progress
+    # holds one); "" = one the system picks.
+    handoff_ports: str = _checked("", _port_range_problem)
 
 
 @dataclass(frozen=True)
@@ -346,6 +367,8 @@ class Config:
     schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
     # The least severe log level written (`hakafka run --log-level` overrides it).
     log_level: LogLevel = LogLevel.INFO
+    # Refuse the config when any hop would carry data or control in plain text.
+    require_tls: bool = False
     source: str = ""
 
     def pipeline(self, name: str) -> PipelineConfig:
@@ -512,7 +535,27 @@ def _zookeeper(r: _Reader) -> ZooKeeperConfig:
     z = r.section(ZooKeeperConfig, hosts=r.get("hosts", str, "", required=True))
     if z.auth_password and not z.auth_user:
         r.problem("auth_user", "is required when a ZooKeeper password is set")
+    if not z.tls:
+        for key in ("ca_file", "cert_file", "key_file"):
+            if getattr(z, key):
+                r.problem(key, "is set but zookeeper.tls is false: set tls = true to use it")
+    _check_key_pair(r, z, "cert_file", "key_file")
     return z
+
+
+def _check_key_pair(r: _Reader, section: object, cert_key: str, key_key: str) -> None:
+    """The certificate and private key files of `r`'s section at `cert_key` and `key_key`:
+    both or neither, and (when both were read) they load together as a TLS key pair."""
+    if bool(r.data.get(cert_key)) != bool(r.data.get(key_key)):
+        given, missing = (cert_key, key_key) if r.data.get(cert_key) else (key_key, cert_key)
+        r.problem(missing, f"is required with {r.key(given)} (both or neither)")
+        return
+    cert, key = getattr(section, cert_key), getattr(section, key_key)
+    if cert and key:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            r.problem(cert_key, f"cannot load it with {r.key(key_key)}: {exc}")
 
 
 def _kafka(r: _Reader) -> KafkaConfig:
@@ -649,17 +692,7 @@ def _check_advertise(config: Config, problems: list[str]) -> None:
 def _server(r: _Reader) -> NodeServerConfig:
     """`[server]`, failing closed: a bind other hosts can reach needs a token."""
     s = r.section(NodeServerConfig)
-    given = [k for k in ("cert", "key") if r.data.get(f"tls_{k}_file")]
-    if len(given) == 1:
-        missing = "key" if given == ["cert"] else "cert"
-        r.problem(
-            f"tls_{missing}_file", f"is required with server.tls_{given[0]}_file (both or neither)"
-        )
-    elif s.tls_cert_file and s.tls_key_file:
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(s.tls_cert_file, s.tls_key_file)
-        except (OSError, ssl.SSLError) as exc:
-            r.problem("tls_cert_file", f"cannot load it with server.tls_key_file: {exc}")
+    _check_key_pair(r, s, "tls_cert_file", "tls_key_file")
     for name in ("http", "flight"):
         host = getattr(s, name).host
         if not s.token and not is_loopback(host):
@@ -878,9 +911,12 @@ def parse_config(
         pipelines=tuple(pipelines),
         schema_registry=_schema_registry(r.table("schema_registry"), pipelines),
         log_level=r.choice("log_level", LogLevel, d.log_level),
+        require_tls=r.get("require_tls", bool, d.require_tls),
         source=source,
     )
     _check_advertise(config, problems)
+    if config.require_tls:
+        problems += [f"require_tls: {hop}" for hop in plain_text_hops(config)]
     r.finish()
     if problems:
         raise ConfigError(source, problems)
@@ -906,6 +942,46 @@ def check_data_dir(config: Config) -> None:
         else f"{path} cannot be created: {existing} {problem}"
     )
     raise ConfigError(config.source or "<config>", [f"data_dir: {what}"])
+
+
+TLS_KAFKA_PROTOCOLS = ("SSL", "SASL_SSL")
+SPARK_RPC_ENCRYPTION = ("spark.network.crypto.enabled", "spark.ssl.rpc.enabled")
+
+
+def plain_text_hops(config: Config) -> list[str]:
+    """Each hop of `config` that would carry data or control in plain text, named with the
+    key that makes it so and the fix (what `require_tls = true` refuses)."""
+    hops = []
+    if not config.zookeeper.tls:
+        hops.append("ZooKeeper: zookeeper.tls is false (set it, and connect to secureClientPort)")
+    protocol = config.kafka.settings.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in TLS_KAFKA_PROTOCOLS:
+        hops.append(
+            f'Kafka: kafka.settings."security.protocol" is {protocol} (use '
+            f"{' or '.join(TLS_KAFKA_PROTOCOLS)})"
+        )
+    if not config.clickhouse.secure:
+        hops.append("ClickHouse: clickhouse.secure is false (HTTPS to every replica)")
+    if not config.server.tls_cert_file:
+        hops.append(
+            "query servers and the Spark handoff: server.tls_cert_file is not set (HTTPS, "
+            "grpc+tls, and the slices executors fetch)"
+        )
+    if config.schema_registry.url and any(
+        u.strip().startswith("http://") for u in config.schema_registry.url.split(",")
+    ):
+        hops.append("schema registry: schema_registry.url is http:// (use https://)")
+    remote = config.spark.remote
+    if remote and "use_ssl=true" not in remote.replace(" ", "").lower():
+        hops.append("Spark Connect: spark.remote has no ;use_ssl=true")
+    if config.spark.master.startswith("spark://") and not any(
+        config.spark.conf.get(key, "").lower() == "true" for key in SPARK_RPC_ENCRYPTION
+    ):
+        hops.append(
+            f"Spark RPC: spark.master is a cluster but spark.conf sets neither "
+            f"{' nor '.join(SPARK_RPC_ENCRYPTION)} to true"
+        )
+    return hops
 
 
 def advertise_warning(config: Config) -> str | None:

@@ -2,10 +2,10 @@
 
 ZooKeeper (`ZkConfig`), decoding (`PipelineSchema`, `DecodeOptions`, a fresh decoder),
 ClickHouse (`Connection`, the `TableSpec`s of a pipeline, a shard's `Replica`s), Spark
-(`SparkSettings`), the buffer's flush `Thresholds` and the directory of a pipeline's WAL.
-The daemon, the pipeline and the operator commands all build their libraries' objects from
-here. Nothing here imports pyspark: `spark_bridge.connection`, `.replicas`, `.runtime` and
-`.tables` are plain Python.
+(`SparkSettings`, the flush handoff's `HandoffOptions`), the buffer's flush `Thresholds` and
+the directory of a pipeline's WAL. The daemon, the pipeline and the operator commands all
+build their libraries' objects from here. Nothing here imports pyspark:
+`spark_bridge.connection`, `.handoff`, `.replicas`, `.runtime` and `.tables` do not.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from buffer import Thresholds
 from buffer.limits import QueryLimits, ServerLimits
 from buffer.tls import ClientTls, ServerTls
-from hakafka.config import Config, PipelineConfig
+from hakafka.config import Config, PipelineConfig, advertised_host
 from hakafka.consumer import (
     DEAD_LETTER_COLUMNS,
     DecodeOptions,
@@ -26,8 +26,9 @@ from hakafka.consumer import (
     make_decoder,
 )
 from hakafka.consumer.registry import RegistrySettings
-from hakafka.coordination import ZkConfig
+from hakafka.coordination import ZkConfig, ZkTls
 from spark_bridge.connection import Connection
+from spark_bridge.handoff import HandoffOptions, HandoffTls, PortRange
 from spark_bridge.replicas import Replica
 from spark_bridge.runtime import SparkSettings
 from spark_bridge.tables import TableSpec
@@ -48,6 +49,7 @@ def zk_config(config: Config) -> ZkConfig:
         request_timeout_s=z.request_timeout,
         auth=(z.auth_user, z.auth_password.value) if z.auth_user else None,
         require_acl=z.require_acl,
+        tls=ZkTls(z.ca_file or None, z.cert_file or None, z.key_file or None) if z.tls else None,
     )
 
 
@@ -62,6 +64,24 @@ def spark_settings(config: Config) -> SparkSettings:
         handoff_host=s.handoff_host or None,
         handoff_bind=s.handoff_bind or None,
     )
+
+
+def handoff_options(config: Config) -> HandoffOptions:
+    """How the flushes' slice handoff serves: on a port of `[spark] handoff_ports` (errors
+    name the key), and over TLS with the node's `[server]` certificate when it has one, which
+    the tasks verify against `tls_ca_file` (else their system's CAs) for the node's advertised
+    host, the name that certificate carries."""
+    s, server = config.spark, config.server
+    tls = None
+    if server.tls_cert_file:
+        tls = HandoffTls(
+            cert_file=Path(server.tls_cert_file),
+            key_file=Path(server.tls_key_file),
+            ca_file=Path(server.tls_ca_file) if server.tls_ca_file else None,
+            server_name=advertised_host(server, server.flight).strip("[]"),
+        )
+    ports = PortRange.parse(s.handoff_ports, "spark.handoff_ports") if s.handoff_ports else None
+    return HandoffOptions(ports=ports, tls=tls)
 
 
 # -- decoding ------------------------------------------------------------------------------

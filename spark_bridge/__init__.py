@@ -26,6 +26,13 @@ if TYPE_CHECKING:
         flush,
         flush_block,
     )
+    from spark_bridge.handoff import (
+        HandoffOptions,
+        HandoffPortsError,
+        HandoffTls,
+        HandoffTrustError,
+        PortRange,
+    )
     from spark_bridge.plan import FlushTask, PlanError, TaskRange
     from spark_bridge.reader import read_table
     from spark_bridge.replicas import (
@@ -53,6 +60,11 @@ _SOURCES = {
     "FlushTask": "plan",
     "flush": "flush",
     "flush_block": "flush",
+    "HandoffOptions": "handoff",
+    "HandoffPortsError": "handoff",
+    "HandoffTls": "handoff",
+    "HandoffTrustError": "handoff",
+    "PortRange": "handoff",
     "PlanError": "plan",
     "TaskRange": "plan",
     "read_table": "reader",
@@ -82,9 +94,14 @@ __all__ = [
     "FlushResult",
     "FlushTarget",
     "FlushTask",
+    "HandoffOptions",
+    "HandoffPortsError",
+    "HandoffTls",
+    "HandoffTrustError",
     "LiveBuffer",
     "NoWritableReplicaError",
     "PlanError",
+    "PortRange",
     "Replica",
     "ReplicasExhaustedError",
     "RetryPolicy",

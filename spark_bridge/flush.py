@@ -12,7 +12,11 @@ written between the first attempt and the re-flush (see `tables.TableSpec.dedup_
 with the same tasks later (the daemon) records the plan and calls `flush` with it.
 
 Each task fetches its slice from this process over Arrow Flight (`handoff`, at
-`runtime.handoff_address`); the slices never become Spark rows unless a transform needs them.
+`runtime.handoff_address`, served as `FlushTarget.handoff` says: TLS, a port range); the
+slices never become Spark rows unless a transform needs them. The handoff's `SliceSource`
+(tickets, and the CAs its certificate is verified against) reaches the tasks in the job's
+closure, never in Spark's conf; a task that does not trust the certificate fails the flush at
+once with `HandoffTrustError` (no other replica or attempt can mend it).
 The job is one pass over `range(tasks)` in as many partitions: an RDD on a classic session
 (local or a cluster), a DataFrame on Spark Connect (no RDDs there; its server reaches this
 process only through the handoff) or when a transform needs the rows. Without a transform
@@ -35,7 +39,7 @@ import structlog
 
 from spark_bridge.connection import Connection
 from spark_bridge.datasource import ClickHouseOptions, insert_task, spark_arrow_type
-from spark_bridge.handoff import SliceHandoff, fetch_slice
+from spark_bridge.handoff import HandoffOptions, HandoffTrustError, SliceHandoff, SliceSource
 from spark_bridge.plan import FlushTask, bounds_of, cut, plan_tasks, sorted_rows
 from spark_bridge.replicas import Failover, Replica, RetryPolicy
 from spark_bridge.runtime import handoff_address
@@ -62,7 +66,8 @@ class FlushBlock(Protocol):
 @dataclass(frozen=True)
 class FlushTarget:
     """Where and how a block is written. `transform` is ``module:function`` or a SQL SELECT
-    over the view ``block``; `token_prefix` is the pipeline name."""
+    over the view ``block``; `token_prefix` is the pipeline name; `handoff` how the tasks are
+    handed the block's slices (TLS, ports)."""
 
     database: str
     table: str
@@ -72,6 +77,7 @@ class FlushTarget:
     transform: str | None = None
     rows_per_task: int = DEFAULT_ROWS_PER_TASK
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    handoff: HandoffOptions = field(default_factory=HandoffOptions)
 
     def __post_init__(self) -> None:
         if self.rows_per_task < 1:
@@ -145,32 +151,27 @@ def warm_workers(spark: SparkSession) -> None:
 
 
 def _fetch_and_insert(
-    location: str, tickets: Sequence[bytes], options: ClickHouseOptions, task_ids: Iterable[int]
+    source: SliceSource, options: ClickHouseOptions, task_ids: Iterable[int]
 ) -> Iterator[tuple[int, int]]:
     """Executor side, no transform: insert slice `i` as task `i` for each of `task_ids`;
     ``(task, rows)`` for each."""
     for task in task_ids:
-        yield task, insert_task(options, task, fetch_slice(location, tickets[task])).rows
+        yield task, insert_task(options, task, source.fetch(task)).rows
     _freeze_worker_heap()
 
 
 def _fetch_and_insert_arrow(
-    location: str,
-    tickets: Sequence[bytes],
-    options: ClickHouseOptions,
-    batches: Iterator[pa.RecordBatch],
+    source: SliceSource, options: ClickHouseOptions, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """`_fetch_and_insert` for `mapInArrow`: the task ids are the range values."""
-    for task, rows in _fetch_and_insert(location, tickets, options, _slice_ids(batches)):
+    for task, rows in _fetch_and_insert(source, options, _slice_ids(batches)):
         yield _report(task, rows)
 
 
-def _fetch(
-    location: str, tickets: Sequence[bytes], batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
+def _fetch(source: SliceSource, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Executor side: the rows of slice `i` (the range value) as Arrow batches."""
     for task in _slice_ids(batches):
-        yield from fetch_slice(location, tickets[task])
+        yield from source.fetch(task)
 
 
 def _insert_partition(
@@ -217,13 +218,24 @@ class _BlockWrite:
         self.schema = table.schema
         self.tasks = tuple(tasks)
         host, bind = handoff_address(spark)
-        self.handoff = SliceHandoff(host, [table.slice(t.start, t.rows) for t in self.tasks], bind)
+        slices = [table.slice(t.start, t.rows) for t in self.tasks]
+        self.handoff = SliceHandoff(host, slices, bind, target.handoff)
 
     def close(self) -> None:
         self.handoff.close()
 
     def write(self, replica: Replica) -> list[tuple[int, int]]:
-        """``(task, rows)`` for every task, written to `replica`."""
+        """``(task, rows)`` for every task, written to `replica`; HandoffTrustError, as the
+        task raised it, when a task does not trust the handoff's certificate."""
+        try:
+            return self._write(replica)
+        except Exception as exc:
+            untrusted = HandoffTrustError.quoted_in(str(exc))
+            if untrusted is None:
+                raise
+            raise untrusted from exc
+
+    def _write(self, replica: Replica) -> list[tuple[int, int]]:
         options = ClickHouseOptions(
             hosts=((replica.host, replica.port),),
             database=self.target.database,
@@ -233,23 +245,23 @@ class _BlockWrite:
             task_tokens=tuple(f"{self.target.token_prefix}:{t.key}" for t in self.tasks),
         )
         count = len(self.tasks)
-        location, tickets = self.handoff.location, self.handoff.tickets
+        source = self.handoff.source
         if self.transform is None and not _is_connect(self.spark):
             # An RDD job: the same work as the DataFrame job below without its planning and
             # Arrow round trips, 30-40 ms less per flush. Partition i holds exactly i.
-            insert = functools.partial(_fetch_and_insert, location, tickets, options)
+            insert = functools.partial(_fetch_and_insert, source, options)
             ids = self.spark.sparkContext.parallelize(range(count), count)
             return [(int(task), int(rows)) for task, rows in ids.mapPartitions(insert).collect()]
         # Partition i of range(count) in count partitions holds exactly the value i.
         task_ids = self.spark.range(0, count, 1, count)
         if self.transform is None:
-            insert_arrow = functools.partial(_fetch_and_insert_arrow, location, tickets, options)
+            insert_arrow = functools.partial(_fetch_and_insert_arrow, source, options)
             df = task_ids.mapInArrow(insert_arrow, _REPORT_SCHEMA)
         else:
             from pyspark.sql.pandas.types import from_arrow_schema
 
             block_df = task_ids.mapInArrow(
-                functools.partial(_fetch, location, tickets), from_arrow_schema(self.schema)
+                functools.partial(_fetch, source), from_arrow_schema(self.schema)
             )
             out = self.transform(block_df)
             check_partitioning(out, f"transform {self.target.transform!r}")
@@ -266,18 +278,19 @@ def flush(
 ) -> FlushResult:
     """Write the `tasks` of a block (slices of its sorted rows `table`) to one writable
     replica of `target`; returns once ClickHouse acknowledged every task. Tasks without rows
-    are not sent. Raises `FlushError`, `NoWritableReplicaError`, `ReplicasExhaustedError` or
-    `TransformError`; a raised flush may have written some tasks, and flushing the same
-    tasks again completes it without duplicates."""
+    are not sent. Raises `FlushError`, `NoWritableReplicaError`, `ReplicasExhaustedError`,
+    `TransformError`, `HandoffPortsError` (no free port in ``target.handoff.ports``) or
+    `HandoffTrustError` (a task does not trust the handoff's certificate); a raised flush
+    may have written some tasks, and flushing the same tasks again completes it without
+    duplicates."""
     started = time.monotonic()
     tasks = [t for t in tasks if t.rows]
     if not tasks:
         return FlushResult(block_id, 0, 0, None, time.monotonic() - started, 0)
     write = _BlockWrite(spark, table, target, tasks)
     try:
-        reports, replica, attempts = Failover(target.connection, target.retry).run(
-            target.replicas, write.write
-        )
+        failover = Failover(target.connection, target.retry, fatal=(HandoffTrustError,))
+        reports, replica, attempts = failover.run(target.replicas, write.write)
     finally:
         write.close()
     ran = sorted(task for task, _ in reports)

@@ -73,12 +73,14 @@ def write_order(replicas: Sequence[Replica]) -> list[Replica]:
 @dataclass
 class Failover:
     """Runs an action against replicas in `write_order`, skipping unhealthy ones, retrying the
-    next replica with exponential backoff until it succeeds or the policy's bounds are hit."""
+    next replica with exponential backoff until it succeeds or the policy's bounds are hit.
+    An error of a `fatal` kind (one no replica or attempt can mend) ends it at once."""
 
     connection: Connection
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    fatal: tuple[type[Exception], ...] = ()
 
     def healthy(self, replica: Replica) -> bool:
         return self.connection.ping(replica.host, replica.port, self.policy.health_timeout)
@@ -89,7 +91,8 @@ class Failover:
         """``(result, replica, attempts)`` of the first successful ``action(replica)``.
 
         A replica failing its health check costs no attempt; a full round of unhealthy
-        replicas counts as one failed attempt. Raises `ReplicasExhaustedError`.
+        replicas counts as one failed attempt. Raises `ReplicasExhaustedError`, or the first
+        error of a `fatal` kind as it is.
         """
         order = write_order(replicas)
         deadline = self.clock() + self.policy.time_budget
@@ -101,6 +104,8 @@ class Failover:
                 position = order.index(replica) + 1
                 try:
                     return action(replica), replica, len(attempts) + 1
+                except self.fatal:
+                    raise
                 except Exception as exc:
                     attempts.append(Attempt(replica.name, f"{type(exc).__name__}: {exc}"[:500]))
                     log.warning("replica.write_failed", replica=replica.name, error=str(exc)[:200])

@@ -40,7 +40,7 @@ from hakafka.coordination.records import (
     ReshardRequest,
     TaskRecord,
 )
-from hakafka.coordination.session import ZkConfig
+from hakafka.coordination.session import ZkConfig, ZkTls
 
 __all__ = [
     "BecameLeader",
@@ -73,5 +73,6 @@ __all__ = [
     "Suspended",
     "TaskRecord",
     "ZkConfig",
+    "ZkTls",
     "ZooKeeperUnavailableError",
 ]

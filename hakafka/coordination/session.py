@@ -50,6 +50,17 @@ _CHANGES = {
 
 
 @dataclass(frozen=True)
+class ZkTls:
+    """TLS to ZooKeeper's `secureClientPort`: the server's certificate is verified against
+    `ca_file` (None: the system's CAs) and the host it is reached at; `cert_file` and
+    `key_file` (PEM) are this client's, for servers that require one."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
 class ZkConfig:
     """How to reach ZooKeeper.
 
@@ -67,6 +78,7 @@ class ZkConfig:
     request_timeout_s: float = 5.0
     auth: tuple[str, str] | None = field(default=None, repr=False)  # holds the password
     require_acl: bool = False
+    tls: ZkTls | None = None
 
     def __post_init__(self) -> None:
         if not self.hosts or "/" in self.hosts:
@@ -98,6 +110,7 @@ class ZkConfig:
         # Reconnect for as long as it takes (a daemon must rejoin once ZooKeeper is back) but
         # with a short delay cap; each individual call has its own timeout instead.
         retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0, max_jitter=0.2)
+        tls = self.tls
         return KazooClient(
             hosts=hosts,
             timeout=self.session_timeout_s,
@@ -105,6 +118,12 @@ class ZkConfig:
             command_retry=None,
             auth_data=auth_data,
             default_acl=self.acl(),
+            use_ssl=tls is not None,
+            ca=None if tls is None else tls.ca_file,
+            certfile=None if tls is None else tls.cert_file,
+            keyfile=None if tls is None else tls.key_file,
+            verify_certs=True,
+            check_hostname=tls is not None,  # kazoo's default is False: any CA-signed cert
         )
 
 

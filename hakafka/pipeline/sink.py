@@ -27,7 +27,7 @@ from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import PipelineSchema
 from hakafka.pipeline.blockplan import PlannedBlock
 from hakafka.pipeline.parts import Flushed
-from hakafka.settings import connection_of, table_specs
+from hakafka.settings import connection_of, handoff_options, table_specs
 from spark_bridge.flush import FlushTarget, flush
 from spark_bridge.replicas import Replica
 from spark_bridge.tables import SchemaMismatchError, TableSpec, UnsafeTableError, ensure_table
@@ -57,6 +57,7 @@ class PipelineSink:
         self._spark = spark
         self.rows_spec, self.dead_spec = table_specs(config, pipeline, schema)
         self.connection = connection_of(config)
+        self.handoff = handoff_options(config)
         # Replicas (host, port) that have the tables this term, and when to try the others.
         self._lock = threading.Lock()
         self._ready: set[tuple[str, int]] = set()
@@ -146,4 +147,5 @@ class PipelineSink:
             token_prefix=self._pipeline.name,
             connection=self.connection,
             transform=transform,
+            handoff=self.handoff,
         )

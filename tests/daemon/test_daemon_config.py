@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack.tls import make_certificates
 from hakafka.config import (
     ClickHouseConfig,
     Config,
@@ -25,6 +26,7 @@ from hakafka.config import (
     parse_config,
 )
 from hakafka.consumer import Format, OnError, OutOfRange
+from hakafka.coordination import ZkTls
 from hakafka.settings import zk_config
 from spark_bridge.tables import Engine
 from wal import FsyncPolicy
@@ -317,6 +319,7 @@ def test_shipped_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
     example = Path(__file__).resolve().parents[2] / "systemd" / "hakafka.toml"
     config = load_config(example)
     assert config.node == "ch-node-1"
+    assert config.spark.handoff_ports == "41000-41099"  # the range a firewall opens
     assert config.pipelines[0].table == "events"
     assert [c.name for c in config.pipelines[0].columns] == [
         "event_id",
@@ -470,3 +473,75 @@ def test_a_data_dir_that_is_not_a_writable_directory_stops_check_and_run(tmp_pat
     )
     failed = config_check(write(tmp_path, text))
     assert f"data_dir: {tmp_path / 'file'} is not a directory" in failed.stderr
+
+
+def test_zookeeper_tls_keys_are_checked_as_a_set(tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path / "certs")
+    zk = 'root = "/hakafka/test"\nsession_timeout = 4'
+
+    def with_zookeeper(lines: str) -> str:
+        return GOOD.replace(zk, f"{zk}\n{lines}")
+
+    config = load_config(
+        write(
+            tmp_path,
+            with_zookeeper(
+                f'tls = true\nca_file = "{certs.ca_file}"\ncert_file = "{certs.cert_file}"\n'
+                f'key_file = "{certs.key_file}"'
+            ),
+        )
+    )
+    assert zk_config(config).tls == ZkTls(
+        str(certs.ca_file), str(certs.cert_file), str(certs.key_file)
+    )
+    assert zk_config(load_config(write(tmp_path, with_zookeeper("tls = true")))).tls == ZkTls()
+    assert zk_config(load_config(write(tmp_path, GOOD))).tls is None
+    assert problems_of(tmp_path, with_zookeeper(f'ca_file = "{certs.ca_file}"')) == [
+        "zookeeper.ca_file: is set but zookeeper.tls is false: set tls = true to use it"
+    ]
+    assert problems_of(
+        tmp_path, with_zookeeper(f'tls = true\ncert_file = "{certs.cert_file}"')
+    ) == ["zookeeper.key_file: is required with zookeeper.cert_file (both or neither)"]
+    assert problems_of(
+        tmp_path,
+        with_zookeeper(f'tls = true\ncert_file = "{certs.ca_file}"\nkey_file = "{certs.key_file}"'),
+    )[0].startswith("zookeeper.cert_file: cannot load it with zookeeper.key_file: ")
+    not_a_ca = with_zookeeper(f'tls = true\nca_file = "{certs.key_file}"')
+    assert problems_of(tmp_path, not_a_ca) == [
+        f"zookeeper.ca_file: {certs.key_file} holds no PEM CA certificate "
+        "(NO_CERTIFICATE_OR_CRL_FOUND)"
+    ]
+
+
+def test_require_tls_refuses_each_plain_hop_by_name(tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path / "certs")
+    plain = GOOD.replace('"security.protocol" = "SASL_SSL"', '"security.protocol" = "PLAINTEXT"')
+    plain = plain.replace('node = "node-1"', 'require_tls = true\nnode = "node-1"')
+    plain += '\n[spark]\nmaster = "spark://10.0.0.9:7077"\n'
+    plain += '\n[schema_registry]\nurl = "https://r1:8081, http://r2:8081"\n'
+    assert problems_of(tmp_path, plain) == [
+        "require_tls: ZooKeeper: zookeeper.tls is false (set it, and connect to secureClientPort)",
+        'require_tls: Kafka: kafka.settings."security.protocol" is PLAINTEXT (use SSL or SASL_SSL)',
+        "require_tls: ClickHouse: clickhouse.secure is false (HTTPS to every replica)",
+        "require_tls: query servers and the Spark handoff: server.tls_cert_file is not set "
+        "(HTTPS, grpc+tls, and the slices executors fetch)",
+        "require_tls: schema registry: schema_registry.url is http:// (use https://)",
+        "require_tls: Spark RPC: spark.master is a cluster but spark.conf sets neither "
+        "spark.network.crypto.enabled nor spark.ssl.rpc.enabled to true",
+    ]
+    secure = (
+        GOOD.replace('node = "node-1"', 'require_tls = true\nnode = "node-1"')
+        .replace(
+            "session_timeout = 4", f'session_timeout = 4\ntls = true\nca_file = "{certs.ca_file}"'
+        )
+        .replace('engine = "ReplicatedMergeTree"', 'engine = "ReplicatedMergeTree"\nsecure = true')
+    )
+    secure += (
+        f'\n[server]\ntls_cert_file = "{certs.cert_file}"\ntls_key_file = "{certs.key_file}"\n'
+        '\n[spark]\nremote = "sc://spark:15002/;use_ssl=true"\nhandoff_host = "10.0.0.1"\n'
+    )
+    assert load_config(write(tmp_path, secure)).require_tls is True
+    remote = secure.replace(";use_ssl=true", "")
+    assert problems_of(tmp_path, remote) == [
+        "require_tls: Spark Connect: spark.remote has no ;use_ssl=true"
+    ]

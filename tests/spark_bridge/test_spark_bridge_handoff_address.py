@@ -14,7 +14,7 @@ import pytest
 from hakafka.config import load_config
 from hakafka.settings import spark_settings
 from spark_bridge import SparkRuntime, SparkSettings
-from spark_bridge.handoff import SliceHandoff, fetch_slice
+from spark_bridge.handoff import SliceHandoff
 from spark_bridge.runtime import (
     CONNECT_MODE_ENV,
     HANDOFF_BIND_CONF,
@@ -74,8 +74,8 @@ def test_a_remote_master_hands_off_at_the_drivers_host_unless_configured() -> No
 def test_the_handoff_listens_on_bind_and_tells_tasks_its_host() -> None:
     table = pa.table({"v": [1, 2, 3]})
     with SliceHandoff("127.0.0.1", [table], bind="0.0.0.0") as handoff:
-        assert handoff.location.startswith("grpc://127.0.0.1:")
-        batches = list(fetch_slice(handoff.location, handoff.tickets[0]))
+        assert handoff.source.location.startswith("grpc://127.0.0.1:")
+        batches = list(handoff.source.fetch(0))
     assert pa.Table.from_batches(batches).equals(table)
 
 

@@ -99,10 +99,10 @@ def test_sorted_rows_orders_by_partition_then_offset_in_both_paths() -> None:
 def test_slice_handoff_serves_each_slice_by_its_ticket_only() -> None:
     table = pa.table({"v": list(range(10))})
     with SliceHandoff("127.0.0.1", [table.slice(0, 4), table.slice(4)]) as handoff:
-        second = pa.Table.from_batches(fetch_slice(handoff.location, handoff.tickets[1]))
+        second = pa.Table.from_batches(handoff.source.fetch(1))
         assert second["v"].to_pylist() == list(range(4, 10))
         with pytest.raises(flight.FlightUnauthorizedError, match="unknown block slice ticket"):
-            list(fetch_slice(handoff.location, b"guessed-ticket"))
+            list(fetch_slice(handoff.source.location, b"guessed-ticket"))
 
 
 def test_spark_bridge_flush_stays_the_function_once_its_submodule_is_imported() -> None:

@@ -1,0 +1,117 @@
+"""ZooKeeper over TLS only: an ensemble with no plain client port, mutual TLS, and two
+`hakafka run` nodes (and the operator commands) that reach it through `[zookeeper] tls`."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
+from devstack.process import wait_until
+from devstack.records import EVENT_COLUMNS, create_topic, produce, tally
+from devstack.tls import CertificateFiles, make_certificates
+from devstack.zookeeper import ZooKeeperEnsemble
+from tests.commands import edit, hakafka
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def certificates(tmp_path: Path) -> CertificateFiles:
+    return make_certificates(tmp_path / "certs")
+
+
+@pytest.fixture
+def tls_ensemble(tmp_path: Path, certificates: CertificateFiles) -> Iterator[ZooKeeperEnsemble]:
+    """A standalone ZooKeeper serving clients over TLS only, requiring client certificates."""
+    ensemble = ZooKeeperEnsemble(tmp_path / "zookeeper-tls", tls=certificates)
+    ensemble.start(timeout=60)
+    try:
+        yield ensemble
+    finally:
+        ensemble.stop()
+
+
+def landed(client: Any) -> int:
+    return (
+        int(client.command("SELECT count() FROM events"))
+        if int(client.command("EXISTS TABLE events"))
+        else 0
+    )
+
+
+def test_two_nodes_over_zookeeper_tls_only_through_a_leader_kill(  # noqa: PLR0917 -- fixtures
+    tmp_path: Path,
+    stack: StackEndpoints,
+    zk_root: str,
+    ch_database: str,
+    topic_prefix: str,
+    ch_client: Any,
+    certificates: CertificateFiles,
+    tls_ensemble: ZooKeeperEnsemble,
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    cluster = LocalCluster(
+        tmp_path / "cluster",
+        stack,
+        nodes={"n1": [0], "n2": [0]},
+        shard_count=1,
+        pipelines=[
+            PipelineSpec(
+                name="events",
+                topic=topic,
+                table="events",
+                columns=EVENT_COLUMNS,
+                buffer={"min_rows": 2000, "min_bytes": 1, "min_age": 0.5, "max_age": 2},
+            )
+        ],
+        zk_root=zk_root,
+        database=ch_database,
+        session_timeout=3.0,
+        zookeeper={
+            "tls": True,
+            "ca_file": str(certificates.ca_file),
+            "cert_file": str(certificates.cert_file),
+            "key_file": str(certificates.key_file),
+        },
+        zookeeper_hosts=dict.fromkeys(("n1", "n2"), tls_ensemble.hosts),
+    )
+    try:
+        config = cluster.nodes["n1"].config_path
+        init = hakafka("init", "--config", str(config))
+        assert init.code == 0, init.err
+
+        # A client without TLS finds no plain port to talk to: one line, exit 1.
+        plain = config.with_name("plain.toml")
+        plain.write_text(config.read_text())
+        edit(plain, r"^tls = true$", "tls = false")
+        edit(plain, r'^(ca_file|cert_file|key_file) = ".*"$', "", count=3)
+        edit(plain, r"^session_timeout = .*$", "session_timeout = 3.0\nconnect_timeout = 3.0")
+        refused = hakafka("status", "--config", str(plain))
+        assert refused.code == 1 and len(refused.err.strip().splitlines()) == 1, refused.err
+        assert tls_ensemble.hosts in refused.err
+
+        cluster.start()
+        victim = cluster.wait_leaders([0])[0]
+        first = produce(stack.kafka, topic, 20_000, partitions=PARTITIONS)
+        wait_until(lambda: landed(ch_client) > 0, timeout=120, what="the first flush")
+        cluster.nodes[victim].kill(signal.SIGKILL)
+        second = produce(stack.kafka, topic, 20_000, partitions=PARTITIONS, start=20_000)
+        survivor = "n2" if victim == "n1" else "n1"
+        assert cluster.wait_leaders([0], timeout=60) == {0: survivor}
+        good = first.good | second.good
+        wait_until(lambda: landed(ch_client) >= len(good), timeout=180, what="every row")
+        result = tally(ch_client, "events", good)
+        assert result.exactly_once, result
+
+        status = hakafka("status", "--config", str(config), "--json")
+        assert status.code == 0, status.err
+    finally:
+        cluster.stop()
