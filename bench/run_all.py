@@ -30,6 +30,7 @@ TITLES = {
     "exactly_once": "Exactly-once under drift and resharding (#21)",
     "flush_modes": "Flush through Spark standalone and Spark Connect next to local mode (#24)",
     "handoff_tls": "Handoff over TLS (#34)",
+    "zookeeper_tls": "ZooKeeper over TLS (#34)",
     "ops": "What the operator's tools cost a running cluster (#25)",
     "security": "What failing closed costs (#22)",
     "read": "read_table over two shards next to one direct query per shard (#24)",

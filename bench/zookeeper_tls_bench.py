@@ -108,7 +108,7 @@ def run_mode(bench: Bench, mode: str, certs: CertificateFiles, rounds: int) -> d
 
     producer = threading.Thread(target=producing, name="producer", daemon=True)
     try:
-        raw = read_round_trips(ZkConfig(hosts=ensemble.hosts, root="/", tls=zk_tls))
+        raw = read_round_trips(ZkConfig(hosts=ensemble.hosts, root="/bench", tls=zk_tls))
         config = str(cluster.nodes["n1"].config_path)
         init = run_hakafka(["init", "--config", config], 120)
         if init.returncode != 0:
