@@ -75,10 +75,13 @@ class KafkaMetadataError(ConsumerError):
 
 
 def redact_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`settings` with the values of secret-looking keys replaced by `***` (for logs, repr)."""
+    """`settings` with the values of secret-looking keys replaced by `***` (for logs, repr),
+    and without the callables hakafka hands librdkafka (`logger`, `error_cb`: the latter's
+    repr would be its consumer's, a recursion)."""
     return {
         key: "***" if any(marker in key.lower() for marker in _SECRET_MARKERS) else value
         for key, value in settings.items()
+        if key not in ("logger", "error_cb")
     }
 
 
