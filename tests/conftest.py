@@ -243,4 +243,4 @@ def make_cluster(
         yield make
     finally:
         for cluster in made:
-            cluster.stop()
+            cluster.kill()
