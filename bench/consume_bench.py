@@ -32,12 +32,12 @@ from pairing import paired
 from devstack.kafka import KafkaBroker
 from hakafka.consumer import (
     Format,
-    JsonDecoder,
     MessageColumns,
     PartitionConsumer,
     PipelineSchema,
     make_decoder,
 )
+from hakafka.consumer.json_decoder import JsonDecoder
 from hakafka.consumer.partition_consumer import DEFAULT_TUNING
 
 MESSAGES = 500_000

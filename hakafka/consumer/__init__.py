@@ -5,6 +5,9 @@ pause/resume, positions and lag); `make_decoder` turns message batches into Arro
 `DecodedBatch`es with the pipeline schema, bad messages isolated per `on_error`.
 `schema` is the one place that maps ClickHouse types to Arrow types. The options a pipeline
 chooses from are enums declared here: `Format`, `OnError`, `OutOfRange`.
+
+Each format's decoder lives in its own module, which `make_decoder` imports when a pipeline
+asks for that format: a process that only reads the config loads no format's parser.
 """
 
 from hakafka.consumer.assignment import (
@@ -12,18 +15,9 @@ from hakafka.consumer.assignment import (
     check_explicit_assignment,
     partitions_for_shard,
 )
+from hakafka.consumer.batch import DecodedBatch, Decoder
 from hakafka.consumer.dead_letter import dead_letter_batch, dead_letter_table_name
-from hakafka.consumer.decode import (
-    CsvDecoder,
-    DecodedBatch,
-    DecodeOptions,
-    Decoder,
-    Format,
-    JsonDecoder,
-    OnError,
-    RawDecoder,
-    make_decoder,
-)
+from hakafka.consumer.decode import make_decoder
 from hakafka.consumer.errors import (
     ConsumerError,
     DecodeError,
@@ -33,6 +27,7 @@ from hakafka.consumer.errors import (
 )
 from hakafka.consumer.messages import MessageColumns
 from hakafka.consumer.metrics import ConsumerMetrics
+from hakafka.consumer.options import DecodeOptions, Format, OnError
 from hakafka.consumer.partition_consumer import (
     MANAGED_SETTINGS,
     OffsetReset,
@@ -40,6 +35,7 @@ from hakafka.consumer.partition_consumer import (
     PartitionConsumer,
     redact_settings,
 )
+from hakafka.consumer.raw_decoder import RawDecoder
 from hakafka.consumer.schema import (
     ALWAYS_META,
     DEAD_LETTER_COLUMNS,
@@ -58,13 +54,11 @@ __all__ = [
     "ColumnSpec",
     "ConsumerError",
     "ConsumerMetrics",
-    "CsvDecoder",
     "DecodeError",
     "DecodeOptions",
     "DecodedBatch",
     "Decoder",
     "Format",
-    "JsonDecoder",
     "KafkaConsumeError",
     "MessageColumns",
     "OffsetOutOfRangeError",

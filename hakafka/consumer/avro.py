@@ -27,8 +27,9 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
-from hakafka.consumer.decode import _CONVERSION_ERRORS, DecodeOptions
+from hakafka.consumer.convert import CONVERSION_ERRORS
 from hakafka.consumer.errors import SchemaError
+from hakafka.consumer.options import DecodeOptions
 from hakafka.consumer.registry import (
     HEADER_BYTES,
     SchemaRegistry,
@@ -149,7 +150,7 @@ class AvroWriter:
         fields = [pa.field(name, plan.build) for name, plan in self._plans.items()]
         try:
             struct = pa.array(records, pa.struct(fields))
-        except _CONVERSION_ERRORS:
+        except CONVERSION_ERRORS:
             found = self._misfit(records[0]) if len(records) == 1 else None
             if found is None:
                 raise
@@ -166,7 +167,7 @@ class AvroWriter:
                 continue
             try:
                 pa.array([record.get(column.name)], plan.build)
-            except _CONVERSION_ERRORS:
+            except CONVERSION_ERRORS:
                 return misfit(column, record.get(column.name))
         return None
 

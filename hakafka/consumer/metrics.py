@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
-from hakafka.consumer.decode import DecodedBatch
+from hakafka.consumer.batch import DecodedBatch
 from hakafka.consumer.partition_consumer import OffsetReset
 
 

@@ -31,8 +31,9 @@ import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from hakafka.consumer.decode import _CONVERSION_ERRORS, DecodeOptions
+from hakafka.consumer.convert import CONVERSION_ERRORS
 from hakafka.consumer.errors import ConsumerError
+from hakafka.consumer.options import DecodeOptions
 from hakafka.consumer.registry import (
     HEADER_BYTES,
     RegisteredSchema,
@@ -250,7 +251,7 @@ class ProtobufWriter:
         for name, read in self._readers.items():
             try:
                 arrays[name] = read(messages)
-            except _CONVERSION_ERRORS:
+            except CONVERSION_ERRORS:
                 if len(messages) != 1:
                     raise
                 assert self.message is not None

@@ -3,9 +3,10 @@
 A batch is split by writer schema (the Confluent header's schema id, or the one schema of a
 schema file); each writer is resolved once per term and checked against the pipeline's
 columns once (`Writer.problem`: a field a column cannot take, a required column the schema
-lacks), then each group decodes in bulk (`Writer.read`). A group that fails is bisected with
-the JSON/CSV engine's `_bisect`, so one bad record costs a few bulk reads, and rows go back
-into Kafka order before the meta columns are added. Fields map to columns by name.
+lacks), then each group decodes in bulk (`Writer.read`). A group that fails is bisected by
+the engine every format shares (`batch.BatchDecoder`), so one bad record costs a few bulk
+reads, and rows go back into Kafka order before the meta columns are added. Fields map to
+columns by name.
 
 Which writer kinds a column's Arrow type takes (`fits`): Avro's promotions (int -> long ->
 float -> double; string <-> bytes), any integer into any integer column (a value out of its
@@ -16,8 +17,8 @@ records into Tuple, maps into Map, arrays of records into Nested.
 
 Columns whose values the JSON engine converts and checks (UUID, IPv4/IPv6, Enum names,
 FixedString, JSON, at any depth: `ArrowType.converted`) are built in their text form and go
-through the same `_convert` (`plan_column`), so a value ClickHouse would refuse is a dead
-letter here too, never a block that cannot be inserted.
+through the same `convert_column` (`plan_column`), so a value ClickHouse would refuse is a
+dead letter here too, never a block that cannot be inserted.
 """
 
 from __future__ import annotations
@@ -31,19 +32,14 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from hakafka.consumer.decode import (
-    DecodedBatch,
-    DecodeOptions,
-    _ArrowDecoder,
-    _bare,
-    _convert,
-    _CountError,
-    _shown,
-)
+from hakafka.consumer.batch import BatchDecoder, CountError, DecodedBatch
+from hakafka.consumer.convert import convert_column
 from hakafka.consumer.errors import SchemaError
 from hakafka.consumer.messages import MessageColumns
+from hakafka.consumer.options import DecodeOptions
 from hakafka.consumer.registry import RegistryUnavailableError
 from hakafka.consumer.schema import ArrowType, Check, ColumnSpec, PipelineSchema
+from hakafka.consumer.shown import bare_type, shown
 
 
 class Writer(Protocol):
@@ -56,7 +52,7 @@ class Writer(Protocol):
 
     @property
     def converted(self) -> frozenset[str]:
-        """The columns `read` builds in their text form, for `_convert` to finish."""
+        """The columns `read` builds in their text form, for `convert_column` to finish."""
         ...
 
     def read(self, bodies: list[bytes]) -> pa.Table:
@@ -75,7 +71,7 @@ class WriterGroup:
     bodies: list[bytes]
 
 
-class WriterDecoder(_ArrowDecoder):
+class WriterDecoder(BatchDecoder):
     """Decodes batches group by group of writer schema; see the module docstring."""
 
     def __init__(self, schema: PipelineSchema, options: DecodeOptions | None = None) -> None:
@@ -129,11 +125,11 @@ class WriterDecoder(_ArrowDecoder):
     def _parse_chunk(self, joined: bytes, values: list[bytes]) -> pa.Table:
         table = self._parse(joined, values)
         if table.num_rows != len(values):
-            raise _CountError(f"{table.num_rows} records from {len(values)} messages")
+            raise CountError(f"{table.num_rows} records from {len(values)} messages")
         converted = self._reading().converted
         for i, name, mapped in self._converts:
             if name in converted:
-                table = table.set_column(i, name, _convert(table.column(i), mapped, name))
+                table = table.set_column(i, name, convert_column(table.column(i), mapped, name))
         return pa.Table.from_arrays(table.columns, schema=self._declared)
 
     def _parse(self, joined: bytes, values: list[bytes]) -> pa.Table:
@@ -196,9 +192,8 @@ def mismatch(where: str, field: str, kind: str, column: str, ch_type: str) -> st
 def misfit(column: ColumnSpec, value: object) -> str:
     """The reason a record is bad: its `value` of `column` does not convert to the column's
     type (a number out of the type's range, a decimal with too many digits)."""
-    return (
-        f"column {column.name!r}: cannot convert {_shown(value)} to {_bare(column.clickhouse_type)}"
-    )
+    ch_type = bare_type(column.clickhouse_type)
+    return f"column {column.name!r}: cannot convert {shown(value)} to {ch_type}"
 
 
 def missing(where: str, column: str) -> str:
