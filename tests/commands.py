@@ -1,9 +1,12 @@
-"""The `hakafka` command run as a separate process (its exit code is what scripts see), and
-the edits tests make to the config files of `devstack` clusters."""
+"""The `hakafka` and `python -m devstack` commands run as separate processes (their exit
+codes are what scripts see), and the edits tests make to the config files of `devstack`
+clusters."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,21 @@ def hakafka(*args: str, timeout: float = 240.0) -> Run:
         done.stdout.decode(errors="replace"),
         done.stderr.decode(errors="replace"),
         done.stdout,
+    )
+
+
+def devstack_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m devstack ARGS...` as a user runs it (`env`, if given, is its whole
+    environment); its exit code and output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "devstack", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
     )
 
 

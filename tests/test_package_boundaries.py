@@ -1,6 +1,10 @@
-"""`wal`, `buffer` and `spark_bridge` stand alone: none imports `hakafka` (docs/DESIGN.md)."""
+"""`wal`, `buffer` and `spark_bridge` stand alone: none imports `hakafka` (docs/DESIGN.md).
+And no test module imports another: what tests share is in tests/helpers."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +63,34 @@ def test_spark_bridge_loads_pyspark_only_for_the_spark_parts() -> None:
     )
     found = fresh_python(code).strip()
     assert found == "[]", f"importing {plain} loaded {found}"
+
+
+# An import of a test module at a line's start: in code, or in source text that a test runs
+# in another interpreter (which the AST sees only as a string).
+TEST_MODULE_IMPORT = re.compile(r"\s*(?:from|import)\s+(tests(?:\.\w+)*\.test_\w+)\b")
+
+
+def imported_test_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a test module (`tests.….test_*`) in `path`."""
+    found = {
+        (line, module)
+        for line, module in imports(path)
+        if within(module, "tests") and module.rsplit(".", 1)[-1].startswith("test_")
+    }
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if match := TEST_MODULE_IMPORT.match(text):
+            found.add((number, match[1]))
+    return sorted(found)
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    # What test modules share lives in tests/helpers (or a conftest fixture): importing a
+    # test module runs its module code again and ties its tests to another module's.
+    files = source_files("tests")
+    assert files
+    offending = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in files
+        for line, module in imported_test_modules(path)
+    ]
+    assert offending == [], "test modules import test modules:\n" + "\n".join(offending)

@@ -37,7 +37,6 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +76,7 @@ from devstack.zk_proxy import ZkProxy
 from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.coordination.session import ZkConfig
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -171,19 +171,6 @@ class Producer(threading.Thread):
         self._stop_requested.set()
         self.join(timeout)
         assert not self.is_alive(), f"producer still running {timeout:.0f} s after stop"
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except Exception:  # a service that just came back may refuse a request or two
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def make_namespace(
@@ -327,7 +314,13 @@ def test_chaos_every_record_exactly_once(
         # the producer runs from then until the faults end.
         warm = produce(stack.kafka, topic, WARM_UP, partitions=PARTITIONS, bad_every=BAD_EVERY)
         client = chaos_clickhouse.client(database=DATABASE)
-        wait_for(lambda: distinct_rows(client, table) > 0, 180, f"{tag} the first flush")
+        wait_for(
+            lambda: distinct_rows(client, table) > 0,
+            180,
+            f"{tag} the first flush",
+            interval=1.0,
+            retry_errors=True,
+        )
         liveness.start()
         producer = Producer(stack.kafka, topic, variant, targets.broker_lock)
         producer.produced |= warm
@@ -356,6 +349,8 @@ def test_chaos_every_record_exactly_once(
                 lambda: distinct_rows(client, table) >= len(good),
                 variant.drain_seconds,
                 f"{tag} every good record in {table} ({len(good)})",
+                interval=1.0,
+                retry_errors=True,
             )
         except AssertionError as exc:
             raise AssertionError(
@@ -365,6 +360,8 @@ def test_chaos_every_record_exactly_once(
             lambda: distinct_rows(client, dead_table) >= len(bad),
             60,
             f"{tag} every bad record in {dead_table} ({len(bad)})",
+            interval=1.0,
+            retry_errors=True,
         )
         time.sleep(4)  # one more flush cycle: nothing may arrive twice afterwards
         liveness.stop()

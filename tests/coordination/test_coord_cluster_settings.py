@@ -5,65 +5,16 @@ the real one)."""
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
 
-from hakafka.config import Config, parse_config
+from hakafka.config import Config
 from hakafka.coordination import ClusterSettings, SettingsStore
 from hakafka.coordination.errors import CorruptZnodeError
 from hakafka.drift import agree, cluster_settings, compare
-
-BASE = """
-node = "n1"
-shards = [0, 1]
-shard_count = 2
-
-[zookeeper]
-hosts = "127.0.0.1:2181"
-
-[kafka]
-bootstrap = "127.0.0.1:9092"
-
-[clickhouse]
-engine = "MergeTree"
-[clickhouse.replicas.0]
-n1 = "10.0.0.1:8123"
-[clickhouse.replicas.1]
-n1 = "10.0.0.2:8123"
-
-[spark]
-rows_per_task = 1000
-
-[server]
-# The replicas below are on other hosts: this node must say where it is reached.
-advertise = "ch-node-1"
-
-[[pipelines]]
-name = "orders"
-topic = "orders"
-table = "orders"
-on_error = "dead_letter"
-[pipelines.columns]
-id = "Int64"
-amount = "Float64"
-[pipelines.buffer]
-max_age = 50
-"""
-
-
-def edited(text: str, replace: dict[str, str]) -> str:
-    for old, new in replace.items():
-        assert text.count(old) == 1, f"{old!r} is not in the config once"
-        text = text.replace(old, new)
-    return text
-
-
-def config(replace: dict[str, str] | None = None, text: str = BASE) -> Config:
-    """The config `text` with each key of `replace` replaced by its value."""
-    return parse_config(tomllib.loads(edited(text, replace or {})), "<test>")
+from tests.helpers.configs import SETTINGS_BASE, config, edited
 
 
 def differ(recorded: Config, other: Config) -> list[tuple[str, str, str, bool]]:
@@ -168,13 +119,13 @@ def test_reordered_columns_matter_only_to_csv() -> None:
         ('pipeline "orders": columns', '["id", "amount"]', '["amount", "id"]', True)
     ]
     csv = {'on_error = "dead_letter"': 'on_error = "dead_letter"\nformat = "csv"'}
-    assert differ(config(csv), config(csv, edited(BASE, swapped))) == [
+    assert differ(config(csv), config(csv, edited(SETTINGS_BASE, swapped))) == [
         ('pipeline "orders": columns', '["id", "amount"]', '["amount", "id"]', False)
     ]
 
 
 def test_pipelines_added_or_removed_are_compatible() -> None:
-    second = BASE + '\n[[pipelines]]\nname = "refunds"\ntopic = "r"\ntable = "refunds"\n'
+    second = SETTINGS_BASE + '\n[[pipelines]]\nname = "refunds"\ntopic = "r"\ntable = "refunds"\n'
     second += '[pipelines.columns]\nid = "Int64"\n'
     assert differ(config(), config(text=second)) == [
         ('pipeline "refunds"', "(none)", '"r -> refunds"', True)

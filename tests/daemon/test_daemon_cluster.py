@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -15,86 +13,15 @@ import pytest
 from buffer.client import query as remote_query
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import StackEndpoints
-from devstack.records import Produced, create_topic, tally
-from devstack.records import produce as produce_records
+from devstack.records import create_topic
+from tests.helpers.landing import PARTITIONS, assert_exactly_once, count, landed, produce
+from tests.helpers.logs import log_events
+from tests.helpers.metrics import metric, samples
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 ALL_SHARDS = [0, 1]
-PARTITIONS = 8
-
-
-def produce(
-    bootstrap: str, topic: str, count: int, *, start: int = 0, bad_every: int = 0
-) -> Produced:
-    return produce_records(
-        bootstrap, topic, count, partitions=PARTITIONS, start=start, bad_every=bad_every
-    )
-
-
-def wait_for(
-    check: Callable[[], bool],
-    timeout: float,
-    what: str,
-    interval: float = 0.5,
-    *,
-    seen: Callable[[], object] | None = None,
-) -> None:
-    """Wait until `check()`; on timeout the error names `what` and, if given, what `seen()`
-    reads then."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            at_end = f" (seen: {seen()!r})" if seen is not None else ""
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{at_end}")
-        time.sleep(interval)
-
-
-def assert_exactly_once(client: Any, table: str, expected: set[tuple[int, int]]) -> None:
-    result = tally(client, table, expected)
-    assert result.exactly_once, f"{table}: {result}"
-
-
-def count(client: Any, table: str) -> int:
-    return int(client.command(f"SELECT count() FROM {table}"))
-
-
-def landed(client: Any, table: str) -> int:
-    """Rows in `table` so far, 0 while it does not exist: a new leader creates its tables in
-    its flush thread, after the election, so a wait for rows may begin before them."""
-    return count(client, table) if int(client.command(f"EXISTS TABLE {table}")) else 0
-
-
-def samples(node: Any, name: str) -> dict[str, float]:
-    """A Prometheus metric's samples on one node's /metrics, by their label text."""
-    code, body = node.get("/metrics")
-    assert code == 200
-    found = {}
-    for line in body.decode().splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            labels, value = line.rsplit(" ", 1)
-            found[labels.removeprefix(name)] = float(value)
-    return found
-
-
-def metric(node: Any, name: str) -> float:
-    """Sum of a Prometheus metric's samples on one node's /metrics."""
-    return sum(samples(node, name).values())
-
-
-def log_events(path: Path, offset: int = 0) -> list[dict[str, Any]]:
-    """The JSON events of a daemon's output file from byte `offset` on (other lines skipped)."""
-    with path.open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode(errors="replace").splitlines()
-    found = []
-    for line in lines:
-        if line.startswith("{"):
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue  # a line another writer (the JVM) interleaved with ours
-    return found
 
 
 def test_two_shards_two_replicas_exactly_once_through_a_leader_kill(

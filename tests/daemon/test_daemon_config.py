@@ -29,61 +29,8 @@ from hakafka.consumer import Format, OnError, OutOfRange
 from hakafka.coordination import ZkTls
 from hakafka.settings import zk_config
 from spark_bridge.tables import Engine
+from tests.helpers.configs import GOOD, problems_of, write
 from wal import FsyncPolicy
-
-GOOD = """
-node = "node-1"
-shards = [0, 1]
-shard_count = 2
-data_dir = "/tmp/hakafka-data"
-
-[zookeeper]
-hosts = "127.0.0.1:2181"
-root = "/hakafka/test"
-session_timeout = 4
-
-[kafka]
-bootstrap = "127.0.0.1:9092"
-[kafka.settings]
-"security.protocol" = "SASL_SSL"
-"sasl.password" = "kafka-secret"
-
-[clickhouse]
-database = "ingest"
-password = "ch-secret"
-engine = "ReplicatedMergeTree"
-[clickhouse.replicas.0]
-node-1 = "127.0.0.1:8123"
-node-2 = "http://127.0.0.1:8124"
-[clickhouse.replicas.1]
-node-1 = "127.0.0.1:8123"
-
-[[pipelines]]
-name = "events"
-topic = "events"
-table = "events"
-on_error = "dead_letter"
-[pipelines.columns]
-id = "Int64"
-name = "String"
-[pipelines.buffer]
-min_rows = 10
-max_rows = 100
-[pipelines.wal]
-fsync = "always"
-"""
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "hakafka.toml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def problems_of(tmp_path: Path, text: str) -> list[str]:
-    with pytest.raises(ConfigError) as err:
-        load_config(write(tmp_path, text))
-    return err.value.problems
 
 
 def test_good_config_parses(tmp_path: Path) -> None:

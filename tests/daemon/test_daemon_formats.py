@@ -18,8 +18,9 @@ from devstack.cluster import StackEndpoints
 from devstack.records import create_topic
 from devstack.schema_registry import SchemaRegistryService
 from tests.commands import edit
-from tests.daemon.test_daemon_cluster import assert_exactly_once, count, landed, wait_for
 from tests.formats import produce_values, registry, serializer_for
+from tests.helpers.landing import assert_exactly_once, count, landed
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 __all__ = ["registry"]  # the fixture

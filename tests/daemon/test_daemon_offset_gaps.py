@@ -18,13 +18,10 @@ import pytest
 from devstack.cluster import StackEndpoints
 from devstack.records import create_topic, event
 from hakafka.consumer import PartitionConsumer
-from tests.daemon.test_daemon_cluster import (
-    assert_exactly_once,
-    landed,
-    log_events,
-    metric,
-    wait_for,
-)
+from tests.helpers.landing import assert_exactly_once, landed
+from tests.helpers.logs import log_events
+from tests.helpers.metrics import metric
+from tests.helpers.waiting import wait_for
 from tests.transactions import produce_transactions
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -17,20 +15,13 @@ import pytest
 from devstack.cluster import StackEndpoints
 from devstack.records import create_topic, produce
 from tests.commands import hakafka
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS = 8
 # Nothing flushes: every row stays in its leader's buffer for the whole test.
 HOLD: dict[str, int | float] = {"min_rows": 1_000_000, "max_age": 300}
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def rows(node: Any, sql: str) -> list[dict[str, Any]]:

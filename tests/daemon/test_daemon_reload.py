@@ -16,8 +16,8 @@ from hakafka.config import load_config
 from hakafka.daemon.reload import RESTART, SHARD_WIDE, Refusal, plan_reload
 from hakafka.logs import LogLevel
 from tests.commands import edit, hakafka
-from tests.daemon.test_daemon_config import GOOD
-from tests.daemon.test_daemon_settings import events
+from tests.helpers.configs import GOOD
+from tests.helpers.logs import events
 
 
 def config_of(tmp_path: Path, name: str, text: str) -> Any:

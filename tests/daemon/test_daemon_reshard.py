@@ -16,6 +16,7 @@ from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import Produced, create_topic, produce, tally
 from tests.commands import edit, hakafka
+from tests.helpers.landing import assert_exactly_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -109,8 +110,7 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
         timeout=120,
         what="every produced record in ClickHouse",
     )
-    result = tally(ch_client, "events", produced)
-    assert result.exactly_once, result
+    assert_exactly_once(ch_client, "events", produced)
     # Every partition's checkpoint is in the one shard that owns it now, at its end.
     ends: dict[int, int] = {}
     for p, o in produced:

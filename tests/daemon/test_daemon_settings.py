@@ -14,6 +14,7 @@ from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import create_topic
 from tests.commands import edit, hakafka
+from tests.helpers.logs import events
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -47,19 +48,6 @@ def drift_of(node: DaemonNode) -> list[str]:
     )
     drift: list[str] = node.status()["settings_drift"]
     return drift
-
-
-def events(node: DaemonNode, name: str) -> list[dict[str, Any]]:
-    found = []
-    for line in node.log_path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line the JVM interleaved with ours
-            if event.get("event") == name:
-                found.append(event)
-    return found
 
 
 def test_a_node_with_other_settings_stands_nowhere_and_a_changed_record_moves_the_leader(

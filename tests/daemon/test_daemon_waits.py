@@ -11,7 +11,9 @@ import pytest
 from devstack.cluster import StackEndpoints
 from devstack.records import create_topic, produce
 from tests import commands
-from tests.daemon.test_daemon_cluster import landed, samples, wait_for
+from tests.helpers.landing import landed
+from tests.helpers.metrics import samples
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

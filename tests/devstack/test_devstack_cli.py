@@ -5,39 +5,17 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devstack.process import DevstackError, pid_alive, processes_under, stop_pid
+from devstack.process import DevstackError, pid_alive, processes_under
 from devstack.stack import DevStack
+from tests.commands import devstack_cli
 
 pytestmark = pytest.mark.integration
-
-
-def devstack_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 90
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "devstack", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
-
-
-@pytest.fixture
-def reap(tmp_path: Path) -> Iterator[None]:
-    """Stop, by PID, whatever a failing test left running under its tmp_path."""
-    yield
-    for pid in processes_under(tmp_path):
-        stop_pid(pid, marker=str(tmp_path))
 
 
 UP_TARGET_S = 20.0  # the issue's bound for `dev up` on a fresh machine

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from devstack.process import pid_alive, processes_under
-from tests.devstack.test_devstack_cli import devstack_cli, reap
+from tests.commands import devstack_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-__all__ = ["reap"]  # the fixture, used by name
 
 SPARK = {
     "spark_master": "spark://127.0.0.1:",

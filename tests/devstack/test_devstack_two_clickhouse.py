@@ -10,10 +10,9 @@ import pytest
 
 from devstack.clickhouse import ClickHouseService
 from devstack.process import pid_alive
-from tests.devstack.test_devstack_cli import devstack_cli, reap
+from tests.commands import devstack_cli
 
 pytestmark = pytest.mark.integration
-__all__ = ["reap"]  # the fixture, used by name
 
 
 def test_up_with_two_clickhouse_servers_runs_two_independent_ones(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -14,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic, produce
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -21,14 +21,6 @@ SHARDS = [0, 1]
 PARTITIONS = 8
 HELD = {"min_rows": 1_000_000, "max_age": 300}  # nothing flushes: rows stay in the buffers
 TOKEN = "ops-test-token"
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def buffered_rows(node: DaemonNode) -> int:

@@ -9,7 +9,7 @@ from hakafka.coordination.fenced import StoredCheckpoint
 from hakafka.drift import cluster_settings
 from hakafka.ops.cluster import OpsError
 from hakafka.ops.reshard import move_checkpoints, target_settings
-from tests.coordination.test_coord_cluster_settings import config
+from tests.helpers.configs import config
 
 
 def stored(offsets: dict[int, int]) -> StoredCheckpoint:

@@ -16,16 +16,9 @@ import pytest
 
 from devstack.cluster import StackEndpoints
 from devstack.records import create_topic, produce
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def wait_for(check: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 class NotifySocket:
@@ -85,19 +78,24 @@ def test_notify_order_and_watchdog_stops_when_a_pipeline_fails(
     node.start(env=notify.env())
     node.wait_up()
     cluster.wait_leaders([0, 1])
-    wait_for(lambda: sum("WATCHDOG=1" in m for _, m in received) >= 3, 30, "3 pings")
+    wait_for(lambda: sum("WATCHDOG=1" in m for _, m in received) >= 3, 30, "3 pings", interval=0.2)
     first = received[0][1].splitlines()
     assert "READY=1" in first and f"MAINPID={node.pid}" in first
     # READY comes once the node runs; it stands for election right after (not before).
     assert any(line.startswith("STATUS=shard 0: ") for line in first), first
-    wait_for(lambda: any("STATUS=shard 0: leader" in m for _, m in received), 30, "leading")
-    wait_for(lambda: any("lag 0" in m for _, m in received), 30, "STATUS with the lag")
+    wait_for(
+        lambda: any("STATUS=shard 0: leader" in m for _, m in received), 30, "leading", interval=0.2
+    )
+    wait_for(
+        lambda: any("lag 0" in m for _, m in received), 30, "STATUS with the lag", interval=0.2
+    )
 
     produce(stack.kafka, topic, 10, partitions=8, bad_every=10)  # #9 is malformed
     wait_for(
         lambda: any(p["state"] == "failed" for p in node.pipelines()),
         60,
         "the pipeline to fail on the malformed message",
+        interval=0.2,
     )
     failed_at = time.monotonic()
     assert node.get("/ready")[0] == 503
@@ -130,11 +128,16 @@ def test_watchdog_stops_while_a_pipeline_hangs(
     node.start(env={**notify.env(), "HAKAFKA_HANG_AT": "consume.after_wal"})
     node.wait_up()
     cluster.wait_leaders([0, 1])
-    wait_for(lambda: len(notify.pings_after(0.0)) >= 3, 30, "3 pings")
+    wait_for(lambda: len(notify.pings_after(0.0)) >= 3, 30, "3 pings", interval=0.2)
     assert node.get("/ready")[0] == 200
 
     produce(stack.kafka, topic, 100, partitions=8)
-    wait_for(lambda: node.get("/ready")[0] == 503, 30, "the node to report a stuck pipeline")
+    wait_for(
+        lambda: node.get("/ready")[0] == 503,
+        30,
+        "the node to report a stuck pipeline",
+        interval=0.2,
+    )
     stuck_at = time.monotonic()
     pipelines = node.pipelines()
     assert [p["state"] for p in pipelines] == ["consuming", "consuming"]  # alive, not failed

@@ -1,5 +1,6 @@
 """In-memory parts for `PipelineLeader`: a topic, its consumer, ZooKeeper's fenced state and a
-ClickHouse sink that keeps the first insert per task key, as ClickHouse does per token."""
+ClickHouse sink that keeps the first insert per task key, as ClickHouse does per token; and
+`insert_then_lose_the_term`, the state several pipeline tests start from."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from hakafka.coordination import Checkpoint, FencedError, PendingIntent
 from hakafka.coordination.fenced import check_monotonic
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
-from hakafka.pipeline import PipelineLeader, PipelineParts
+from hakafka.pipeline import PipelineLeader, PipelineParts, PipelineState
 from hakafka.pipeline.blockplan import PlannedBlock
 from hakafka.pipeline.buffer import PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane
@@ -503,3 +504,27 @@ def start(h: Harness, leaders: list[PipelineLeader], *, drain: bool = False) -> 
     leaders.append(leader)
     leader.start()
     return leader
+
+
+def insert_then_lose_the_term(
+    h: Harness,
+    leaders: list[PipelineLeader],
+    while_in_flight: Callable[[PipelineLeader], object] = lambda _leader: None,
+) -> PendingIntent:
+    """A leader inserts its first block and its term ends before the checkpoint (killed or
+    fenced); returns the intent it left, with `h` switched to the next term.
+    `while_in_flight(leader)` runs while the insert is held."""
+    h.sink.gate.clear()
+    first = start(h, leaders)
+    wait_for(h.sink.entered.is_set, "the first flush")
+    while_in_flight(first)
+    h.fenced.fenced = True  # the term ends while the insert is in flight
+    h.sink.gate.set()
+    wait_for(lambda: bool(h.sink.rows), "the insert to land")
+    first.stop(5.0)  # what the shard does when the term is lost
+    assert not first.running
+    assert first.status.state is PipelineState.STOPPED
+    assert h.fenced.commits == 0 and h.fenced.pending is not None
+    pending = h.fenced.pending
+    h.fenced = h.fenced.next_term()
+    return pending

@@ -10,13 +10,12 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from buffer import BufferFull
-from hakafka.coordination import PendingIntent
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.state import Signals
 from tests.pipeline.fakes import (
@@ -24,36 +23,13 @@ from tests.pipeline.fakes import (
     Harness,
     Topic,
     decoder_rows,
+    insert_then_lose_the_term,
     one_partition,
     pipeline_config,
     start,
     wait_for,
 )
 from wal import Position, Record, WriteAheadLog
-
-
-def insert_then_lose_the_term(
-    h: Harness,
-    leaders: list[PipelineLeader],
-    while_in_flight: Callable[[PipelineLeader], object] = lambda _leader: None,
-) -> PendingIntent:
-    """A leader inserts its first block and its term ends before the checkpoint (killed or
-    fenced); returns the intent it left, with `h` switched to the next term.
-    `while_in_flight(leader)` runs while the insert is held."""
-    h.sink.gate.clear()
-    first = start(h, leaders)
-    wait_for(h.sink.entered.is_set, "the first flush")
-    while_in_flight(first)
-    h.fenced.fenced = True  # the term ends while the insert is in flight
-    h.sink.gate.set()
-    wait_for(lambda: bool(h.sink.rows), "the insert to land")
-    first.stop(5.0)  # what the shard does when the term is lost
-    assert not first.running
-    assert first.status.state is PipelineState.STOPPED
-    assert h.fenced.commits == 0 and h.fenced.pending is not None
-    pending = h.fenced.pending
-    h.fenced = h.fenced.next_term()
-    return pending
 
 
 def every_offset(topic: Topic) -> list[tuple[int, int]]:

@@ -17,12 +17,12 @@ from tests.pipeline.fakes import (
     FakeConsumer,
     Harness,
     Topic,
+    insert_then_lose_the_term,
     one_partition,
     pipeline_config,
     start,
     wait_for,
 )
-from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term
 from wal import WriteAheadLog
 
 

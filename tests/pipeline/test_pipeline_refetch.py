@@ -22,12 +22,12 @@ from tests.pipeline.fakes import (
     Harness,
     Topic,
     decoder_for,
+    insert_then_lose_the_term,
     one_partition,
     pipeline_config,
     start,
     wait_for,
 )
-from tests.pipeline.test_pipeline_leader import insert_then_lose_the_term
 from tests.transactions import produce_transactions
 
 

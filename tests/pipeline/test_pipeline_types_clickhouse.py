@@ -29,7 +29,8 @@ from spark_bridge import (
     read_table,
 )
 from tests.commands import edit, hakafka
-from tests.daemon.test_daemon_cluster import landed, wait_for
+from tests.helpers.landing import landed
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

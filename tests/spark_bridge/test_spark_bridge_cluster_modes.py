@@ -11,7 +11,6 @@ SIGKILLed while a block is pending (written to ZooKeeper, not committed).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
-from pyspark.sql import SparkSession
 
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
@@ -30,22 +28,12 @@ from devstack.records import EVENT_COLUMNS, create_topic
 from devstack.spark_cluster import SparkConnectServer, SparkStandalone
 from hakafka.coordination import paths
 from hakafka.coordination.records import PendingIntent
-from spark_bridge import FlushTarget, SparkRuntime, SparkSettings, ensure_table, flush_block
-from spark_bridge.replicas import Replica
-from spark_bridge.runtime import CONNECT_MODE_ENV
-from tests.daemon.test_daemon_cluster import (
-    assert_exactly_once,
-    landed,
-    log_events,
-    produce,
-    wait_for,
-)
 from tests.fresh import fresh_python
-from tests.spark_bridge.test_spark_bridge_flush import make_block, spec, stats
+from tests.helpers.landing import PARTITIONS, assert_exactly_once, landed, produce
+from tests.helpers.logs import log_events
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
-
-PARTITIONS = 8
 
 
 @dataclass
@@ -77,43 +65,9 @@ def spark_mode(request: pytest.FixtureRequest, stack_root: Path) -> Iterator[Spa
             server.stop()
 
 
-def flush_through_connect(url: str, database: str, host: str, port: int) -> dict[str, Any]:
-    """Flush blocks through the Connect server at `url` into `database` on the ClickHouse
-    at host:port, and say what came of it. Run in a fresh interpreter (`CONNECT_PROBE`): a
-    process that already has a classic session (the test session's) cannot open a Connect
-    one, and a daemon never has both."""
-    import clickhouse_connect
-
-    client = clickhouse_connect.get_client(host=host, port=port, database=database)
-    target_replica = Replica("r1", host, port)
-    runtime = SparkRuntime(SparkSettings(remote=url))
-    session: SparkSession = runtime.start()
-    seen: dict[str, Any] = {"module": type(session).__module__}
-    try:
-        ensure_table(client, spec(database))
-        target = FlushTarget(database, "events", (target_replica,), "pipe", rows_per_task=50_000)
-        result = flush_block(session, make_block(200_000, seed=1), target)
-        seen["first"] = [result.rows, result.tasks, result.attempts, *stats(client)]
-        # The same block again (another arrival order): same tokens, nothing added.
-        again = flush_block(session, make_block(200_000, seed=2), target)
-        seen["again"] = [again.tasks, *stats(client)]
-        # A transform runs in the server's Python workers too.
-        ensure_table(client, spec(database, "doubled"))
-        sql = "SELECT v * 2 AS v, name, _partition, _offset FROM block"
-        doubled = FlushTarget(database, "doubled", (target_replica,), "pipe", transform=sql)
-        seen["doubled_rows"] = flush_block(session, make_block(1_000, seed=3), doubled).rows
-        seen["doubled_sum"] = int(client.query("SELECT sum(v) FROM doubled").result_rows[0][0])
-    finally:
-        runtime.stop()
-        client.close()
-    # Out of Connect mode again: later classic sessions of the process stay classic.
-    seen["mode_left"] = CONNECT_MODE_ENV in os.environ
-    return seen
-
-
 CONNECT_PROBE = """
 import json
-from tests.spark_bridge.test_spark_bridge_cluster_modes import flush_through_connect
+from tests.spark_bridge.spark_connect_probe import flush_through_connect
 print(json.dumps(flush_through_connect({url!r}, {database!r}, {host!r}, {port!r})))
 """
 
@@ -183,7 +137,7 @@ def two_nodes(  # noqa: PLR0917 -- fixtures
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.kill()  # a clean stop checks nothing here
 
 
 def test_leader_killed_during_a_flush_through_the_cluster_exactly_once(  # noqa: PLR0917 -- fixtures

@@ -9,11 +9,9 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
@@ -32,58 +30,19 @@ from spark_bridge import (
     prepare_session,
     read_table,
 )
+from tests.helpers.landing import stats
+from tests.helpers.spark_blocks import COLUMNS, make_block, replica, spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 WARM_PROBE = Path(__file__).with_name("spark_warm_probe.py")
 ROOT = Path(__file__).resolve().parents[2]
 
-COLUMNS = (("v", "Int64"), ("name", "String"), ("_partition", "Int32"), ("_offset", "Int64"))
-
-
-@dataclass
-class Block:
-    block_id: str
-    table: pa.Table
-
-    def to_table(self) -> pa.Table:
-        return self.table
-
-
-def make_block(rows: int, block_id: str = "b1", *, seed: int = 0, start: int = 0) -> Block:
-    """Values ``start .. start+rows-1`` over 4 Kafka partitions, in a shuffled order."""
-    import numpy as np
-
-    order = np.random.default_rng(seed).permutation(rows) + start
-    offsets = pa.array(order // 4, pa.int64())
-    table = pa.table(
-        {
-            "v": pa.array(order, pa.int64()),
-            "name": pa.array([f"n{i % 13}" for i in order.tolist()]),
-            "_partition": pa.array(order % 4, pa.int32()),
-            "_offset": offsets,
-        }
-    )
-    return Block(block_id, table)
-
 
 @pytest.fixture
 def bridge(spark: SparkSession) -> SparkSession:
     prepare_session(spark)
     return spark
-
-
-def spec(database: str, table: str = "events", columns: Any = COLUMNS) -> TableSpec:
-    return TableSpec(database, table, tuple(columns), order_by="(_partition, _offset)")
-
-
-def replica(ch: ClickHouseService, name: str = "r1", **kw: Any) -> Replica:
-    return Replica(name, ch.host, ch.port, **kw)
-
-
-def stats(client: Any, table: str = "events") -> tuple[int, int]:
-    row = client.query(f"SELECT count(), uniqExact(_partition, _offset) FROM {table}").result_rows
-    return int(row[0][0]), int(row[0][1])
 
 
 def test_flush_1m_rows_exactly_once_and_reflush_adds_nothing(

@@ -22,7 +22,7 @@ from spark_bridge.runtime import (
     SparkStartError,
     handoff_address,
 )
-from tests.daemon.test_daemon_config import GOOD, problems_of, write
+from tests.helpers.configs import GOOD, problems_of, write
 
 # What a driver alone may be given: a Spark Connect server refuses these from a session.
 DRIVER_KEYS = {"spark.ui.enabled", "spark.driver.memory", "spark.python.worker.reuse"}

@@ -29,9 +29,10 @@ from spark_bridge.handoff import (
     PortRange,
     SliceHandoff,
 )
-from tests.daemon.test_daemon_config import GOOD, problems_of
+from tests.helpers.configs import GOOD, problems_of
+from tests.helpers.landing import stats
+from tests.helpers.spark_blocks import make_block, replica, spec
 from tests.spark_bridge.spark_secret_probe import cmdline, descendants
-from tests.spark_bridge.test_spark_bridge_flush import make_block, replica, spec, stats
 
 ToEvents = Callable[[HandoffOptions], FlushTarget]
 
