@@ -27,6 +27,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 FORMATS = ("table", "json", "csv", "arrow")
+WAIT_S = 60.0  # --wait of every command that waits, but `query`
 DEBUG_HELP = "on failure print the traceback; print the libraries' log lines (kazoo, librdkafka)"
 
 
@@ -158,13 +159,12 @@ def _failover(args: argparse.Namespace) -> int:
 
 def _reshard(args: argparse.Namespace) -> int:
     from hakafka.ops.cluster import connect, operator
-    from hakafka.ops.reshard import reshard
+    from hakafka.ops.reshard import describe, describe_abort, reshard
 
     config = load(args.config)
     with connect(config) as coordinator:
         if args.abort:
-            ended = coordinator.reshard.abort()
-            print("reshard aborted" if ended else "no reshard in progress (nothing to do)")
+            print(describe_abort(coordinator.reshard.abort()))
             return EXIT_OK
         moves = reshard(
             coordinator,
@@ -173,16 +173,13 @@ def _reshard(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             progress=lambda line: print(line, flush=True),
         )
-    for move in moves:
-        print(move)
-    print(f"resharded to {config.shard_count} shards: {len(moves)} checkpoints placed")
+    print(describe(moves, config.shard_count))
     return EXIT_OK
 
 
 def _replace(args: argparse.Namespace) -> int:
     from hakafka.ops import replace
     from hakafka.ops.cluster import connect, operator
-    from hakafka.ops.failover import describe
     from hakafka.ops.status import diagnosis
 
     config = load(args.config)
@@ -192,11 +189,7 @@ def _replace(args: argparse.Namespace) -> int:
             if args.json:
                 _print_json({"node": args.node, "cleared": was_flagged})
             else:
-                print(
-                    f"{args.node}: no longer under replacement; it stands for leadership again"
-                    if was_flagged
-                    else f"{args.node} was not under replacement (nothing to do)"
-                )
+                print(replace.describe_done(args.node, cleared=was_flagged))
             return EXIT_OK
         result = replace.start(
             coordinator,
@@ -211,12 +204,7 @@ def _replace(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(asdict(result))
     else:
-        print(
-            f"{args.node}: under replacement ({args.reason}); it leads no shard and gets no "
-            "flush from now on"
-        )
-        for handover in result.moved:
-            print(describe(handover))
+        print(replace.describe(result))
     return EXIT_OK
 
 
@@ -280,11 +268,7 @@ def _offsets(args: argparse.Namespace) -> int:
     config = load(args.config)
     kafka = config.kafka
     if args.action == "show":
-        names = (
-            [pause.pipeline_name(config, args.pipeline)]
-            if args.pipeline
-            else [p.name for p in config.pipelines]
-        )
+        names = pause.pipeline_names(config, args.pipeline)
         readers = {
             n: TopicOffsets(kafka.bootstrap, config.pipeline(n).topic, kafka.settings)
             for n in names
@@ -345,18 +329,12 @@ def _pending(args: argparse.Namespace) -> int:
     config = load(args.config)
     with connect(config) as coordinator:
         if args.action == "show":
-            names = (
-                [pause.pipeline_name(config, args.pipeline)]
-                if args.pipeline
-                else [p.name for p in config.pipelines]
-            )
+            names = pause.pipeline_names(config, args.pipeline)
             found = offsets.show_pending(coordinator, pause.shards_of(config, args.shard), names)
             if args.json:
                 _print_json([{"shard": s, "pipeline": n, **asdict(i)} for s, n, i in found])
-            elif not found:
-                print("no block is pending")
-            for shard, name, intent in [] if args.json else found:
-                print(f"shard {shard}, pipeline {name}: {offsets.block_summary(intent)}")
+            else:
+                print(offsets.describe_pending(found))
             return EXIT_OK
         move = offsets.drop_pending(
             coordinator,
@@ -386,12 +364,60 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_debug(parser: argparse.ArgumentParser) -> None:
+    """`--debug` after the command, the same as before it."""
     # SUPPRESS: given after the command or not at all, the top-level --debug stands.
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
 
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+def _add_json(parser: argparse.ArgumentParser, text: str = "print JSON (for scripts)") -> None:
+    """`--json`: the command prints JSON instead of text; `text` is its help."""
+    parser.add_argument("--json", action="store_true", help=text)
+
+
+def _add_pipeline(
+    parser: argparse.ArgumentParser,
+    text: str | None = "only this pipeline",
+    *,
+    required: bool = False,
+) -> None:
+    """`--pipeline`: the pipeline the command acts on (`required`), or only this one of
+    the config's pipelines; `text` is its help."""
+    parser.add_argument("--pipeline", required=required, help=text)
+
+
+def _add_shard(
+    parser: argparse.ArgumentParser, text: str | None = "only this shard", *, required: bool = False
+) -> None:
+    """`--shard` (an int): the shard the command acts on (`required`), or only this one of the
+    cluster's shards; `text` is its help."""
+    parser.add_argument("--shard", type=int, required=required, help=text)
+
+
+def _add_wait(
+    parser: argparse.ArgumentParser,
+    purpose: str,
+    *,
+    default: float | None = WAIT_S,
+    default_text: str = f"default {WAIT_S:g}",
+) -> None:
+    """`--wait SECONDS`, a float: its help is `purpose` followed by `default_text`."""
+    parser.add_argument(
+        "--wait", type=float, default=default, metavar="SECONDS", help=f"{purpose} ({default_text})"
+    )
+
+
+def _add_reason(parser: argparse.ArgumentParser, default: str, recorded_with: str) -> None:
+    """`--reason`, recorded in ZooKeeper with `recorded_with` (the mark, the pause)."""
+    parser.add_argument("--reason", default=default, help=f"recorded with the {recorded_with}")
+
+
+def _add_dry_run(parser: argparse.ArgumentParser) -> None:
+    """`--dry-run`: a checkpoint move printed, nothing changed."""
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each partition's move and the offsets it skips or re-reads; change nothing",
+    )
 
 
 def _add_ops_commands(commands: Any) -> None:
@@ -415,11 +441,9 @@ def _add_ops_commands(commands: Any) -> None:
         "printed) or not done within --wait.",
     )
     _add_config(failover)
-    failover.add_argument("--shard", type=int, required=True, help="the shard to move")
+    _add_shard(failover, "the shard to move", required=True)
     failover.add_argument("--to", metavar="NODE", help="the node that should lead it")
-    failover.add_argument(
-        "--wait", type=float, default=60.0, metavar="SECONDS", help="give up after (default 60)"
-    )
+    _add_wait(failover, "give up after")
     _add_json(failover)
     failover.set_defaults(handler=_failover)
 
@@ -459,20 +483,14 @@ def _add_ops_commands(commands: Any) -> None:
     mode = replace.add_mutually_exclusive_group(required=True)
     mode.add_argument("--start", action="store_true", help="mark NODE under replacement")
     mode.add_argument("--done", action="store_true", help="clear the mark")
-    replace.add_argument("--reason", default="replacement", help="recorded with the mark")
+    _add_reason(replace, "replacement", "mark")
     replace.add_argument(
         "--force",
         action="store_true",
         help="--start even when a shard is left without a ClickHouse replica that takes "
         "flushes (they fail until --done)",
     )
-    replace.add_argument(
-        "--wait",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long --start waits for each moved shard (default 60)",
-    )
+    _add_wait(replace, "how long --start waits for each moved shard")
     _add_json(replace)
     replace.set_defaults(handler=_replace)
 
@@ -488,15 +506,14 @@ def _add_ops_commands(commands: Any) -> None:
     )
     _add_config(query)
     query.add_argument("sql", metavar="SQL", help='e.g. "SELECT count(*) FROM events"')
-    query.add_argument("--shard", type=int, help="only this shard")
+    _add_shard(query)
     query.add_argument("--format", choices=FORMATS, default="table", help="output format")
-    query.add_argument("--json", action="store_true", help="same as --format json")
-    query.add_argument(
-        "--wait",
-        type=float,
-        metavar="SECONDS",
-        help="how long to wait for a shard's next leader when it has none or its leader does "
-        "not answer (default: zookeeper.session_timeout + 2)",
+    _add_json(query, "same as --format json")
+    _add_wait(
+        query,
+        "how long to wait for a shard's next leader when it has none or its leader does not answer",
+        default=None,
+        default_text="default: zookeeper.session_timeout + 2",
     )
     query.add_argument(
         "--partial",
@@ -515,16 +532,13 @@ def _add_ops_commands(commands: Any) -> None:
     )
     wal.add_argument("action", choices=("inspect", "verify"))
     _add_config(wal)
-    wal.add_argument("--pipeline", help="only this pipeline")
+    _add_pipeline(wal)
     wal.set_defaults(handler=_wal)
 
 
 def _add_pipeline_commands(commands: Any) -> None:
     """`pipeline pause|resume`, `offsets show|set`, `pending show|drop`."""
-    wait_help = "how long to wait for the shard's leader to stop the pipeline (default 60)"
-    dry_run_help = (
-        "print each partition's move and the offsets it skips or re-reads; change nothing"
-    )
+    stopped = "how long to wait for the shard's leader to stop the pipeline"
     pipeline = commands.add_parser("pipeline", help="pause or resume a pipeline")
     actions = pipeline.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (
@@ -533,11 +547,11 @@ def _add_pipeline_commands(commands: Any) -> None:
     ):
         sub = actions.add_parser(action, help=text, description=text)
         _add_config(sub)
-        sub.add_argument("--pipeline", required=True)
-        sub.add_argument("--shard", type=int, help="only this shard (default: every shard)")
+        _add_pipeline(sub, None, required=True)
+        _add_shard(sub, "only this shard (default: every shard)")
         if action == "pause":
-            sub.add_argument("--reason", default="no reason given", help="recorded with the pause")
-            sub.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
+            _add_reason(sub, "no reason given", "pause")
+            _add_wait(sub, stopped)
         _add_json(sub)
         sub.set_defaults(handler=_pipeline)
 
@@ -553,8 +567,8 @@ def _add_pipeline_commands(commands: Any) -> None:
         "checkpoint, the pending block's offsets, and whether the pipeline is paused.",
     )
     _add_config(show)
-    show.add_argument("--pipeline", help="only this pipeline")
-    show.add_argument("--shard", type=int, help="only this shard")
+    _add_pipeline(show)
+    _add_shard(show)
     _add_json(show)
     show.set_defaults(handler=_offsets)
     move = actions.add_parser(
@@ -567,8 +581,8 @@ def _add_pipeline_commands(commands: Any) -> None:
         "above them are consumed again. Prints every partition's move.",
     )
     _add_config(move)
-    move.add_argument("--pipeline", required=True)
-    move.add_argument("--shard", type=int, required=True)
+    _add_pipeline(move, None, required=True)
+    _add_shard(move, None, required=True)
     to = move.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="each partition's log start")
     to.add_argument("--to-latest", action="store_true", help="each partition's end (skip all)")
@@ -587,16 +601,16 @@ def _add_pipeline_commands(commands: Any) -> None:
         help="with --to-timestamp: move even when TIME is after every partition's newest "
         "message (every partition to its end; refused without it)",
     )
-    move.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
-    move.add_argument("--dry-run", action="store_true", help=dry_run_help)
+    _add_wait(move, stopped)
+    _add_dry_run(move)
     move.set_defaults(handler=_offsets)
 
     pending = commands.add_parser("pending", help="see or drop a pipeline's pending block")
     actions = pending.add_subparsers(dest="action", required=True, metavar="ACTION")
     show = actions.add_parser("show", help="the blocks in doubt: offsets, rows, dead letters")
     _add_config(show)
-    show.add_argument("--pipeline", help="only this pipeline")
-    show.add_argument("--shard", type=int, help="only this shard")
+    _add_pipeline(show)
+    _add_shard(show)
     _add_json(show)
     show.set_defaults(handler=_pending)
     drop = actions.add_parser(
@@ -607,10 +621,10 @@ def _add_pipeline_commands(commands: Any) -> None:
         "the rows abandoned; a flush attempt may already have written some of them.",
     )
     _add_config(drop)
-    drop.add_argument("--pipeline", required=True)
-    drop.add_argument("--shard", type=int, required=True)
-    drop.add_argument("--wait", type=float, default=60.0, metavar="SECONDS", help=wait_help)
-    drop.add_argument("--dry-run", action="store_true", help=dry_run_help)
+    _add_pipeline(drop, None, required=True)
+    _add_shard(drop, None, required=True)
+    _add_wait(drop, stopped)
+    _add_dry_run(drop)
     drop.set_defaults(handler=_pending)
 
 
@@ -699,7 +713,10 @@ def _logs_to_stderr(debug: bool) -> None:
     """Operator commands keep stdout for their results (JSON, CSV, Arrow): the log events of
     the code they call go to stderr, warnings and errors only. The libraries' own log lines
     (kazoo's "Connection dropped" on every retry, librdkafka's) are debug output: with
-    `debug`, every event and library line is printed; without, none of the libraries'."""
+    `debug`, every event and library line is printed; without, none of the libraries'.
+
+    The one logging setup of an operator command's process; `run` has `logs.configure`
+    instead (in `_run`, once its config is read), never both."""
     import logging
 
     import structlog

@@ -48,6 +48,8 @@ def failover(
 
 
 def describe(h: Handover) -> str:
+    """What `failover` prints, and `node replace --start` for each shard it moved: who leads
+    the shard now, from whom, and how long the handover took."""
     return (
         f"shard {h.shard}: {h.leader} leads (epoch {h.epoch}), took over from {h.previous} "
         f"in {h.seconds:.2f} s"

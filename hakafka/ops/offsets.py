@@ -387,6 +387,7 @@ def show_offsets(
 
 
 def render_offsets(rows: Sequence[PartitionOffsets]) -> str:
+    """What `offsets show` prints: `rows` as a table, one line per partition."""
     return format_table(
         ["SHARD", "PIPELINE", "PARTITION", "CHECKPOINT", "LOW", "HIGH", "LAG", "PENDING", "PAUSED"],
         [
@@ -416,3 +417,13 @@ def show_pending(
             if (pending := coordinator.pauses.pending(shard, name)) is not None:
                 found.append((shard, name, pending.intent))
     return found
+
+
+def describe_pending(found: Sequence[tuple[int, str, PendingIntent]]) -> str:
+    """What `pending show` prints: one line per block of `found` (see `show_pending`) with
+    its shard, pipeline and `block_summary`, or that no block is pending."""
+    if not found:
+        return "no block is pending"
+    return "\n".join(
+        f"shard {shard}, pipeline {name}: {block_summary(intent)}" for shard, name, intent in found
+    )

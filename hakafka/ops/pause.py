@@ -35,6 +35,12 @@ def pipeline_name(config: Config, name: str) -> str:
     return name
 
 
+def pipeline_names(config: Config, name: str | None) -> list[str]:
+    """`[name]` (checked by `pipeline_name`), or every pipeline of the config when no name
+    is given."""
+    return [pipeline_name(config, name)] if name else [p.name for p in config.pipelines]
+
+
 def shards_of(config: Config, shard: int | None) -> list[int]:
     """`[shard]` (checked), or every shard of the cluster."""
     return [check_shard(config, shard)] if shard is not None else list(range(config.shard_count))
@@ -123,6 +129,8 @@ def held(
 
 
 def describe(outcomes: Sequence[PauseOutcome], *, pausing: bool) -> str:
+    """What `pipeline pause` (`pausing`) or `pipeline resume` prints: one line per outcome,
+    saying what changed and, for a pause, whether a leader stopped the pipeline."""
     lines = []
     for o in outcomes:
         where = f"shard {o.shard}, pipeline {o.pipeline}"

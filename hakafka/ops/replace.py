@@ -10,6 +10,7 @@ from hakafka.config import Config
 from hakafka.coordination import Coordinator
 from hakafka.ops.cluster import Diagnosis, OpsError, wait_consuming_leader
 from hakafka.ops.failover import Handover
+from hakafka.ops.failover import describe as describe_handover
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,25 @@ def _stranded_shards(config: Config, flagged: Set[str]) -> dict[int, list[str]]:
 def done(coordinator: Coordinator, node: str) -> bool:
     """Make `node` eligible again; False if it was not flagged."""
     return coordinator.clear_replacing(node)
+
+
+def describe(replacement: Replacement) -> str:
+    """What `node replace --start` prints: the node flagged with its reason, then one line
+    per shard it led saying where that shard went."""
+    lines = [
+        f"{replacement.node}: under replacement ({replacement.reason}); it leads no shard and "
+        "gets no flush from now on"
+    ]
+    lines += [describe_handover(handover) for handover in replacement.moved]
+    return "\n".join(lines)
+
+
+def describe_done(node: str, *, cleared: bool) -> str:
+    """What `node replace --done` prints: `node` eligible again, or that it was not flagged
+    (`cleared` False)."""
+    if cleared:
+        return f"{node}: no longer under replacement; it stands for leadership again"
+    return f"{node} was not under replacement (nothing to do)"
 
 
 def _leader(coordinator: Coordinator, shard: int) -> str | None:

@@ -19,7 +19,7 @@ so a failed reshard never leaves the cluster paused.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hakafka.config import Config
@@ -175,6 +175,18 @@ def reshard(
         coordinator.reshard.abort()
         raise
     return moves
+
+
+def describe(moves: Sequence[Move], shard_count: int) -> str:
+    """What a completed `reshard` prints: each partition's move, then the new shard count and
+    how many checkpoints were placed."""
+    done = f"resharded to {shard_count} shards: {len(moves)} checkpoints placed"
+    return "\n".join([*map(str, moves), done])
+
+
+def describe_abort(ended: bool) -> str:
+    """What `reshard --abort` prints: whether it `ended` a reshard in progress."""
+    return "reshard aborted" if ended else "no reshard in progress (nothing to do)"
 
 
 def _wait_drained(
