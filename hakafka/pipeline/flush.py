@@ -129,7 +129,7 @@ class FlushLane:
         lane, topic = self.lane, self.lane.config.topic
         lane.status.reflushing, lane.status.pending_block = True, pending.intent.block_id
         # In flight from here (a re-fetch can take a while): stop(grace) waits, then abandons.
-        lane.signals.flush_idle.clear()
+        lane.signals.begin_flush()
         try:
             if (local := self._wal_block(pending)) is not None:
                 source, block = "wal", local
@@ -183,7 +183,7 @@ class FlushLane:
         lane, block = self.lane, planned.block
         signals = lane.signals
         signals.check_stop("stopped before a flush")
-        signals.flush_idle.clear()
+        signals.begin_flush()
         try:
             began = time.monotonic()
             name, topic = lane.config.name, lane.config.topic

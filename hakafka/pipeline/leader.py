@@ -220,10 +220,15 @@ class PipelineLeader:
 
     def stalled_for(self, now: float) -> float:
         """Seconds without progress: since the least recent step of a running thread (a hung
-        call), or since the oldest wait began (`status.waits`: suspended, Kafka or the
-        topic missing, the schema registry away, flushes failing in a row, or the consumer
-        paused at the buffer limit with no flush committed after). 0 when all goes on."""
-        return max(0.0, self._signals.stalled_for(now), *self._waited(now).values())
+        call), since a block in flight began without a commit (a flush that steps on but
+        lands nothing: Spark still starting, an insert crawling), or since the oldest wait
+        began (`status.waits`: suspended, Kafka or the topic missing, the schema registry
+        away, flushes failing in a row, or the consumer paused at the buffer limit with no
+        flush committed after). 0 when all goes on."""
+        signals = self._signals
+        return max(
+            0.0, signals.stalled_for(now), signals.in_flight_for(now), *self._waited(now).values()
+        )
 
     def state_name(self) -> str:
         """The state `hakafka_pipeline_state` shows: what a live pipeline waits for longest,
@@ -232,12 +237,16 @@ class PipelineLeader:
         return waits[0].kind.value if waits and self.status.state.live else self.status.state
 
     def stall_reason(self, now: float) -> str:
-        """What `stalled_for` measures, in words: the longest wait, or a hung thread."""
+        """What `stalled_for` measures, in words: the longest wait, a block in flight that
+        does not commit, or a hung thread."""
         waited = self._waited(now)
         hung = self._signals.stalled_for(now)
+        in_flight = self._signals.in_flight_for(now)
         longest = max(waited, key=lambda w: waited[w], default=None)
-        if longest is not None and waited[longest] >= hung:
+        if longest is not None and waited[longest] >= max(hung, in_flight):
             return longest.describe(now)
+        if in_flight > hung:
+            return f"a block in flight for {in_flight:.0f} s has not committed"
         return f"a thread made no step for {hung:.0f} s (a hung call: SIGUSR1 dumps the stacks)"
 
     def _waited(self, now: float) -> dict[Wait, float]:

@@ -194,6 +194,7 @@ class Signals:
         self._committed = threading.Condition()
         self.flush_idle = threading.Event()
         self.flush_idle.set()
+        self.flush_began = time.monotonic()  # when the block in flight (if any) began
         self.abandoned = threading.Event()
         self.draining = threading.Event()
         # Thread id -> monotonic time of its last step; a running thread that stops stepping
@@ -211,6 +212,19 @@ class Signals:
         """True once `commits` has moved past `seen` (at once if it already has)."""
         with self._committed:
             return self._committed.wait_for(lambda: self.commits != seen, timeout)
+
+    def begin_flush(self) -> None:
+        """A block is in flight from now (`stop` waits for it within its grace)."""
+        self.flush_began = time.monotonic()
+        self.flush_idle.clear()
+
+    def in_flight_for(self, now: float) -> float:
+        """Seconds a block has been in flight without a commit (0: none is): a flush that
+        runs on, stepping all the while (waiting for Spark to start, a slow insert), moves no
+        data either."""
+        if self.flush_idle.is_set():
+            return 0.0
+        return max(0.0, now - max(self.flush_began, self.committed_at))
 
     def beat(self) -> None:
         """The calling thread made a step."""

@@ -160,6 +160,9 @@ class FakeConsumer:
         self.closed = False
         self.assigned_from: dict[int, int] = {}
         self.unreachable: str | None = None
+        self.unfetched_polls = 0
+        """Polls that come back empty with the lag unknown, as librdkafka's do before its
+        first fetch answers."""
 
     def topic_partitions(self) -> list[int]:
         if self.unreachable is not None:
@@ -181,6 +184,10 @@ class FakeConsumer:
         """Up to `batch` messages per partition; the position then passes the offsets
         without a message up to the next message, or up to the end, as librdkafka's does."""
         time.sleep(self.delay)
+        if self.unfetched_polls > 0:
+            self.unfetched_polls -= 1
+            time.sleep(min(timeout, 0.01))
+            return []
         if self.paused:
             time.sleep(min(timeout, 0.01))
             return []
@@ -214,6 +221,8 @@ class FakeConsumer:
         return dict(self.next)
 
     def lag(self) -> dict[int, int]:
+        if self.unfetched_polls > 0:
+            return {}
         return {p: self.topic.ends[p] - o for p, o in self.next.items()}
 
     def close(self) -> None:
@@ -406,6 +415,8 @@ class Harness:
     """The metrics registry of each leader built, in order."""
     kafka_unreachable: str | None = None
     """The metadata error each new consumer starts with (None: Kafka answers)."""
+    unfetched_polls: int = 0
+    """How many polls of each new consumer come back empty before its first fetch."""
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -417,6 +428,7 @@ class Harness:
     def _consumer(self) -> FakeConsumer:
         consumer = FakeConsumer(self.topic)
         consumer.unreachable = self.kafka_unreachable
+        consumer.unfetched_polls = self.unfetched_polls
         self.consumers.append(consumer)
         return consumer
 

@@ -293,6 +293,27 @@ def test_a_paused_consumer_with_no_flush_committing_is_stalled(
     assert leader.stalled_for(time.monotonic()) < 0.5
 
 
+def test_a_block_in_flight_that_never_commits_is_stalled_though_every_thread_steps(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new leader's first flush waiting for its Spark session to start: the flush lane
+    # steps all the while (the threads' own beats are left out), the consumer is not paused,
+    # nothing fails; but no data lands. Seen in the chaos run: ready while stuck for 41 s.
+    monkeypatch.setattr(Signals, "stalled_for", lambda _self, _now: 0.0)
+    _topic, h = one_partition(tmp_path, 20)
+    h.sink.gate.clear()  # the flush does not end, without an error
+    leader = start(h, leaders)
+    wait_for(h.sink.entered.is_set, "the block in flight")
+    time.sleep(0.5)
+    now = time.monotonic()
+    assert leader.stalled_for(now) >= 0.5
+    assert leader.stall_reason(now).startswith("a block in flight for ")
+    assert leader.stall_reason(now).endswith(" s has not committed")
+    h.sink.gate.set()
+    wait_for(lambda: h.fenced.commits == 1, "the block to land")
+    assert leader.stalled_for(time.monotonic()) < 0.5
+
+
 def test_new_leader_replays_what_the_old_one_consumed_after_its_pending_block(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:

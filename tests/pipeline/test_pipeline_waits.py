@@ -108,6 +108,25 @@ def test_a_new_term_with_data_waiting_counts_from_the_shards_last_checkpoint(
     assert leader.stalled_for(time.monotonic()) < 5.0
 
 
+def test_empty_polls_before_the_first_fetch_do_not_end_an_overdue_checkpoint(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # A new leader's first polls come back empty while its fetches are under way: the lag
+    # is unknown then, not zero. Seen in the chaos run: the overdue wait dropped at once, so
+    # a shard stood still for 41 s while its leader said ready.
+    _topic, h = one_partition(tmp_path, 30)
+    h.fenced.committed_at = time.time() - 40.0
+    h.unfetched_polls = 20
+    h.sink.gate.clear()
+    leader = start(h, leaders)
+    wait_for(lambda: h.sink.attempts >= 1, "the first flush under way")
+    assert Waiting.CHECKPOINT_OVERDUE in kinds(leader)
+    assert leader.stalled_for(time.monotonic()) >= 40.0
+    h.sink.gate.set()
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the first commit")
+    assert Waiting.CHECKPOINT_OVERDUE not in kinds(leader)
+
+
 def test_a_quiet_topic_is_no_stall_however_old_its_last_checkpoint(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
