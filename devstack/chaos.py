@@ -947,10 +947,24 @@ class LivenessMonitor:
                 )
             )
 
-    def ready_while_stuck(self, bound: float) -> list[LivenessSample]:
+    def ready_while_stuck(self, bound: float, persist: int = 1) -> list[LivenessSample]:
         """Samples of a shard without progress for longer than `bound` while every node
-        serving it said it was ready: the lie this run must never see."""
-        return [s for s in self.samples if s.stalled > bound and s.ready]
+        serving it said it was ready: the lie this run must never see. With `persist`, only
+        runs of at least that many such samples in a row for one shard (about a second
+        apart): at a leadership change the stuck leader is a follower, ready, a moment before
+        its successor's new term carries the shard's stall, and two probes a second apart
+        can both fall in that moment."""
+        found: list[LivenessSample] = []
+        for shard in sorted({s.shard for s in self.samples}):
+            run: list[LivenessSample] = []
+            for sample in sorted((s for s in self.samples if s.shard == shard), key=lambda s: s.at):
+                if sample.stalled > bound and sample.ready:
+                    run.append(sample)
+                    continue
+                found += run if len(run) >= persist else []
+                run = []
+            found += run if len(run) >= persist else []
+        return found
 
     def progress_after(self, at: float) -> float | None:
         """Seconds from `at` until every shard that existed then had made progress again

@@ -26,6 +26,8 @@ from devstack.chaos import (
     Commit,
     ElectionTiming,
     LeaderObservation,
+    LivenessMonitor,
+    LivenessSample,
     ReshardAttempt,
     ReshardPlan,
     checkpoint_summary,
@@ -561,3 +563,20 @@ def test_a_schedule_ending_before_the_reshard_still_reshards_at_its_end() -> Non
     driver = ScriptedDriver([True])
     driver.run(1, gap=(0.0, 0.0), deadline=time.monotonic() + 60, reshard=PLAN)
     assert driver.log == ["fault", "reshard ok"]
+
+
+def test_ready_while_stuck_counts_runs_of_lying_probes() -> None:
+    monitor = LivenessMonitor(cast(Any, None), list)
+    lie, fine = (True, 50.0), (False, 50.0)
+    # Shard 0: two lying probes at a hand-over, then one more after an honest one; shard 1:
+    # three in a row.
+    for shard, looks in ((0, [lie, lie, fine, lie]), (1, [fine, lie, lie, lie])):
+        for i, (ready, stalled) in enumerate(looks):
+            monitor.samples.append(LivenessSample(float(i), shard, stalled, ready))
+    assert len(monitor.ready_while_stuck(38.0)) == 6
+    assert [(s.shard, s.at) for s in monitor.ready_while_stuck(38.0, persist=3)] == [
+        (1, 1.0),
+        (1, 2.0),
+        (1, 3.0),
+    ]
+    assert monitor.ready_while_stuck(60.0) == []
