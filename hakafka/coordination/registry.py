@@ -130,6 +130,8 @@ class Registry:
 
     def writable_replicas(self, replicas: Mapping[str, str]) -> dict[str, str]:
         """`replicas` (node -> ClickHouse endpoint) minus the nodes flagged in `replacing/`
-        right now (read on every call, never cached)."""
+        right now (read on every call, never cached, after a `sync`: another session's flag
+        may not have reached the member this one reads from)."""
+        self._session.sync(paths.REPLACING)
         excluded = self.replacing_names()
         return {node: ep for node, ep in replicas.items() if node not in excluded}

@@ -210,6 +210,12 @@ class ZkSession:
         stat: ZnodeStat | None = self._wait(self.client.exists_async(path, watch), "exists", path)
         return stat
 
+    def sync(self, path: str) -> None:
+        """Bring this session's server up to the leader's state for `path`: ZooKeeper's reads
+        are served by the member a session is connected to, which may lag others' writes;
+        a read after `sync` sees every write the leader had when it answered."""
+        self._wait(self.client.sync_async(path), "sync", path)
+
     def children(self, path: str, watch: Watch | None = None) -> list[str]:
         """The child names of `path` ([] if it does not exist)."""
         try:
