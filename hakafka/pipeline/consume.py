@@ -134,12 +134,13 @@ class ConsumeLane:
 
     def _nothing_owed(self) -> bool:
         """After an empty poll: True when the term has nothing waiting (no lag, an empty
-        buffer, no pending block): a quiet topic, whose last checkpoint's age is no stall.
-        A partition whose high watermark no fetch has brought yet has unknown lag, not none:
-        a new leader's first polls come back empty before that."""
+        buffer, no block pending or in flight): a quiet topic, whose last checkpoint's age is
+        no stall. A partition whose high watermark no fetch has brought yet has unknown lag,
+        not none: a new leader's first polls come back empty before that."""
         status = self.lane.status
         return (
             status.pending_block is None
+            and self.lane.signals.flush_idle.is_set()
             and self.lag.keys() >= self.positions.keys()
             and not any(self.lag.values())
             and self.lane.buffer.stats().rows == 0
