@@ -145,12 +145,23 @@ def serializer_for(
     return lambda i: bytes(serialize(proto_event(message_class, i, note=note), VALUE_CONTEXT))
 
 
+def message_columns(values: Sequence[bytes | str], first: int = 0) -> MessageColumns:
+    """`values` (text is UTF-8 encoded) as offsets `first`.. of partition 0 of topic `t`,
+    without keys or timestamps."""
+    n = len(values)
+    return MessageColumns(
+        topics=["t"] * n,
+        partitions=[0] * n,
+        offsets=list(range(first, first + n)),
+        timestamps=[0] * n,
+        keys=[None] * n,
+        values=[v.encode() if isinstance(v, str) else v for v in values],
+    )
+
+
 def decode(decoder: Any, values: Sequence[bytes]) -> DecodedBatch:
     """`values` decoded as offsets 0.. of partition 0 of topic `t`."""
-    n = len(values)
-    kept: list[bytes | None] = list(values)
-    columns = MessageColumns(["t"] * n, [0] * n, list(range(n)), [0] * n, [None] * n, kept)
-    return decoder.decode_columns(columns)  # type: ignore[no-any-return]
+    return decoder.decode_columns(message_columns(values))  # type: ignore[no-any-return]
 
 
 def declared(batch: DecodedBatch) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,13 @@ from hakafka.consumer import (
     DecodeError,
     DecodeOptions,
     Format,
-    MessageColumns,
     OnError,
     PipelineSchema,
     make_decoder,
 )
 from hakafka.consumer.registry import RegistrySettings
 from hakafka.consumer.schema import ColumnSpec
-from tests.formats import COLUMNS, decode, errors, registry, serializer_for
+from tests.formats import COLUMNS, decode, errors, message_columns, registry, serializer_for
 
 __all__ = ["registry"]  # the fixture
 
@@ -51,21 +49,9 @@ UUID = "123e4567-e89b-12d3-a456-426614174000"
 GOOD = {"user": {"id": 1}, "amount": 2, "name": "n", "at": "2024-01-01 10:00:00.250"}
 
 
-def columns(values: Sequence[bytes], first: int = 100) -> MessageColumns:
-    n = len(values)
-    return MessageColumns(
-        topics=["t"] * n,
-        partitions=[0] * n,
-        offsets=list(range(first, first + n)),
-        timestamps=[0] * n,
-        keys=[None] * n,
-        values=list(values),
-    )
-
-
 def reasons(fmt: Format, schema: PipelineSchema, bad: bytes, good: bytes) -> dict[int, str]:
     """The dead letters of `bad` between two `good` messages (so bisection isolates it)."""
-    out = make_decoder(fmt, schema).decode_columns(columns([good, bad, good]))
+    out = make_decoder(fmt, schema).decode_columns(message_columns([good, bad, good], first=100))
     assert out.good == 2
     assert out.dead_letters is not None
     return dict(
@@ -204,7 +190,7 @@ def test_the_fail_policy_raises_with_the_same_reason_and_the_offset() -> None:
     decoder = make_decoder(Format.JSON, JSON_SCHEMA, DecodeOptions(on_error=OnError.FAIL))
     bad = json.dumps({**GOOD, "amount": 1.7}).encode()
     with pytest.raises(DecodeError) as raised:
-        decoder.decode_columns(columns([json.dumps(GOOD).encode(), bad], first=41))
+        decoder.decode_columns(message_columns([json.dumps(GOOD).encode(), bad], first=41))
     assert str(raised.value) == (
         "cannot decode t[0] offset 42: column 'amount' (JSON /amount): cannot convert 1.7 to Int64"
     )
@@ -214,7 +200,7 @@ def test_a_bad_message_among_many_keeps_its_reason_and_every_good_row() -> None:
     good = json.dumps(GOOD).encode()
     values = [good] * 5000
     values[1234] = json.dumps({**GOOD, "user": {"id": -5}}).encode()
-    out = make_decoder(Format.JSON, JSON_SCHEMA).decode_columns(columns(values, first=0))
+    out = make_decoder(Format.JSON, JSON_SCHEMA).decode_columns(message_columns(values))
     assert out.good == 4999
     assert out.dead_letters is not None
     assert out.dead_letters["_offset"].to_pylist() == [1234]
@@ -289,7 +275,7 @@ def test_a_json_message_refused_for_one_value_has_a_reason_naming_that_column(
     # the value Arrow (or a check) refused, never another one, and never fall back to
     # Arrow's own text, which names no column.
     message = json.dumps({**EVERY_KIND_MESSAGE, key: value}).encode()
-    out = make_decoder(Format.JSON, EVERY_KIND).decode_columns(columns([message]))
+    out = make_decoder(Format.JSON, EVERY_KIND).decode_columns(message_columns([message]))
     if out.good:
         return
     assert out.dead_letters is not None

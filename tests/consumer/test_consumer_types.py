@@ -16,7 +16,6 @@ from buffer import Catalog, MemoryTable, OffsetRange, SqlEngine
 from hakafka.consumer import (
     DecodeOptions,
     Format,
-    MessageColumns,
     OnError,
     PipelineSchema,
     SchemaError,
@@ -25,6 +24,7 @@ from hakafka.consumer import (
 )
 from hakafka.consumer.schema import ColumnSpec, parse_path
 from spark_bridge.chtypes import split_type, text_type
+from tests.formats import message_columns
 
 UUID = "123e4567-e89b-12d3-a456-426614174000"
 TYPES = [
@@ -41,18 +41,6 @@ TYPES = [
     ("j", "JSON"),
     ("ids", "Array(Nullable(UUID))"),
 ]
-
-
-def columns(values: Sequence[bytes | str], first: int = 0) -> MessageColumns:
-    n = len(values)
-    return MessageColumns(
-        topics=["t"] * n,
-        partitions=[0] * n,
-        offsets=list(range(first, first + n)),
-        timestamps=[0] * n,
-        keys=[None] * n,
-        values=[v.encode() if isinstance(v, str) else v for v in values],
-    )
 
 
 def record(i: int = 0) -> dict[str, Any]:
@@ -78,7 +66,7 @@ def decode(
     fmt: Format = Format.JSON,
 ) -> tuple[list[dict[str, Any]], dict[int, str]]:
     decoder = make_decoder(fmt, schema or PipelineSchema.of(TYPES), DecodeOptions())
-    out = decoder.decode_columns(columns(values))
+    out = decoder.decode_columns(message_columns(values))
     rows = out.rows.to_pylist()
     dead = {}
     if out.dead_letters is not None:
@@ -338,7 +326,7 @@ def test_fail_policy_names_the_offset_and_the_bad_value() -> None:
     with pytest.raises(
         Exception, match=r"offset 11: column 'u' \(JSON /u\): expected UUID, got string \"nope\""
     ):
-        decoder.decode_columns(columns([f'{{"u": "{UUID}"}}', '{"u": "nope"}'], first=10))
+        decoder.decode_columns(message_columns([f'{{"u": "{UUID}"}}', '{"u": "nope"}'], first=10))
 
 
 def test_ipv6_decodes_to_the_text_clickhouse_prints() -> None:
@@ -362,7 +350,7 @@ def test_ipv6_decodes_to_the_text_clickhouse_prints() -> None:
 def test_the_query_buffer_takes_the_new_types_and_sql_reads_inside_them() -> None:
     schema = PipelineSchema.of(TYPES)
     decoded = make_decoder(Format.JSON, schema).decode_columns(
-        columns([json.dumps(record(i)) for i in range(3)])
+        message_columns([json.dumps(record(i)) for i in range(3)])
     )
     table = MemoryTable("typed", schema.arrow_schema(), limit_bytes=1 << 20)
     table.append(decoded.rows, {k: OffsetRange(*v) for k, v in decoded.ranges.items()})
