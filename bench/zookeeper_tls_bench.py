@@ -65,16 +65,6 @@ def run_mode(bench: Bench, mode: str, certs: CertificateFiles, rounds: int) -> d
     ensemble = ZooKeeperEnsemble(bench.root / f"zk-{mode}", tls=tls)
     ensemble.start(timeout=60)
     zk_tls = None if tls is None else ZkTls(str(tls.ca_file), str(tls.cert_file), str(tls.key_file))
-    keys = (
-        {}
-        if tls is None
-        else {
-            "tls": True,
-            "ca_file": str(tls.ca_file),
-            "cert_file": str(tls.cert_file),
-            "key_file": str(tls.key_file),
-        }
-    )
     topic = f"zk_tls_bench_{mode}"
     create_topic(bench.stack.kafka, topic, PARTITIONS)
     cluster = LocalCluster(
@@ -94,7 +84,7 @@ def run_mode(bench: Bench, mode: str, certs: CertificateFiles, rounds: int) -> d
         zk_root=f"/bench-{mode}",
         session_timeout=3.0,
         spark_on_followers=True,
-        zookeeper=keys,
+        zookeeper=ensemble.client_keys(),
         zookeeper_hosts=dict.fromkeys(("n1", "n2"), ensemble.hosts),
     )
     stop = threading.Event()

@@ -167,6 +167,18 @@ class ZooKeeperEnsemble:
             for i in range(members)
         ]
 
+    def client_keys(self) -> dict[str, object]:
+        """The `[zookeeper]` keys a node's config needs to reach this ensemble besides its
+        `hosts`: with TLS, `tls` and the certificate files (mutual TLS); none without."""
+        if self.tls is None:
+            return {}
+        return {
+            "tls": True,
+            "ca_file": str(self.tls.ca_file),
+            "cert_file": str(self.tls.cert_file),
+            "key_file": str(self.tls.key_file),
+        }
+
     @property
     def hosts(self) -> str:
         """The connect string, `127.0.0.1:p1,127.0.0.1:p2,...`."""

@@ -46,7 +46,6 @@ def test_two_nodes_over_zookeeper_tls_only_through_a_leader_kill(  # noqa: PLR09
     ch_database: str,
     topic_prefix: str,
     ch_client: Any,
-    certificates: CertificateFiles,
     tls_ensemble: ZooKeeperEnsemble,
 ) -> None:
     topic = f"{topic_prefix}_events"
@@ -68,12 +67,7 @@ def test_two_nodes_over_zookeeper_tls_only_through_a_leader_kill(  # noqa: PLR09
         zk_root=zk_root,
         database=ch_database,
         session_timeout=3.0,
-        zookeeper={
-            "tls": True,
-            "ca_file": str(certificates.ca_file),
-            "cert_file": str(certificates.cert_file),
-            "key_file": str(certificates.key_file),
-        },
+        zookeeper=tls_ensemble.client_keys(),
         zookeeper_hosts=dict.fromkeys(("n1", "n2"), tls_ensemble.hosts),
     )
     try:
