@@ -110,9 +110,15 @@ class TopicOffsets:
             self._consumer.unassign()
         return found
 
-    def at_time(self, partitions: Sequence[int], timestamp_ms: int) -> dict[int, int]:
+    def at_time(
+        self,
+        partitions: Sequence[int],
+        timestamp_ms: int,
+        marks: Mapping[int, Watermarks] | None = None,
+    ) -> dict[int, int]:
         """The first offset of each partition whose message timestamp is at or after
-        `timestamp_ms`; the high watermark where none is (everything is older).
+        `timestamp_ms`; the high watermark where none is (everything is older). `marks`:
+        the partitions' watermarks when the caller has just read them (else read here).
 
         The broker's answer (ListOffsets by time) is checked against the messages around it;
         where it does not hold (a broker without a time index: tansu answers 0), the offset
@@ -125,7 +131,8 @@ class TopicOffsets:
             raise KafkaConsumeError(
                 f"topic {self.topic}: offsets by time unavailable ({exc})"
             ) from None
-        marks = self.watermarks(partitions)
+        if marks is None:
+            marks = self.watermarks(partitions)
         found = {}
         for tp in answered:
             if tp.error is not None:

@@ -157,11 +157,15 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     )
 
 
+def _utc_seconds(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(timestamp))
+
+
 def until(timestamp: float) -> str:
     """`2024-05-01 12:00:00Z (in 35s)` (`(35s ago)` once past)."""
     left = timestamp - time.time()
     when = f"in {left:.0f}s" if left >= 0 else f"{-left:.0f}s ago"
-    return f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(timestamp))} ({when})"
+    return f"{_utc_seconds(timestamp)} ({when})"
 
 
 def clock(timestamp: float | None) -> str | None:
@@ -169,4 +173,4 @@ def clock(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
     ago = max(0.0, time.time() - timestamp)
-    return f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(timestamp))} ({ago:.0f}s ago)"
+    return f"{_utc_seconds(timestamp)} ({ago:.0f}s ago)"

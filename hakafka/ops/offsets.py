@@ -107,7 +107,7 @@ def _targets(
     if target.kind is TargetKind.LATEST:
         return {p: marks[p].high for p in owned}
     if target.kind is TargetKind.TIMESTAMP:
-        return offsets.at_time(owned, target.timestamp_ms)
+        return offsets.at_time(owned, target.timestamp_ms, marks)
     foreign = sorted(set(target.offsets) - set(owned))
     if foreign:
         raise UsageError(
