@@ -14,6 +14,7 @@ import structlog
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
+from devstack.process import wait_until
 from hakafka.coordination.errors import NodeIdTakenError, OpenAclError
 
 AUTH = ("hakafka", "s3cret")
@@ -53,7 +54,8 @@ def test_an_open_root_warns_require_acl_refuses_and_restrict_acl_closes_it(
     with structlog.testing.capture_logs() as logs:
         strict.register()
     assert [e for e in logs if e["event"] == "zookeeper.acl_open"] == []
-    assert set(warned.nodes()) == {"n1", "n2"}
+    # Another session's write: warned's ZooKeeper member may apply it a moment later.
+    wait_until(lambda: set(warned.nodes()) == {"n1", "n2"}, timeout=5, what="n2 registered")
 
     anonymous = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
     anonymous.start(timeout=10)
