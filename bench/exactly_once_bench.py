@@ -60,7 +60,7 @@ from e2e_bench import COLUMNS, SESSION_TIMEOUT, ZK_ROOT, message
 from kazoo.exceptions import NoNodeError
 
 from buffer import OffsetRange
-from devstack.chaos import log_events
+from devstack.chaos.checks import log_events
 from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec
 from devstack.process import run_hakafka, wait_until
 from devstack.records import EVENT_COLUMNS, Tally, create_topic, event, tally

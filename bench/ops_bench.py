@@ -44,7 +44,7 @@ from exactly_once_bench import (
     ms,
 )
 
-from devstack.chaos import log_events
+from devstack.chaos.checks import log_events
 from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec
 from devstack.process import wait_until
 from devstack.records import EVENT_COLUMNS, create_topic

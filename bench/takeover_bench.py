@@ -76,7 +76,7 @@ from failover_bench import watch_baseline
 from kazoo.exceptions import NoNodeError
 from memory_use import MIB, TreeMemory, tree_memory
 
-from devstack.chaos import log_events
+from devstack.chaos.checks import log_events
 from devstack.cluster import DaemonNode
 from devstack.records import Tally, tally
 from hakafka.coordination import Coordinator, LeaderInfo, NodeInfo, ZkConfig, paths

@@ -11,6 +11,7 @@ import json
 import signal
 import ssl
 import sys
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.process import LOOPBACK, ManagedProcess, free_port, wait_until
+from devstack.tcp_forward import TcpForwarder
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,11 @@ class DaemonNode:
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
 
+    def configured_shards(self) -> list[int]:
+        """The `shards = [...]` of the node's config file as it is now (a reshard rewrites
+        it)."""
+        return [int(s) for s in tomllib.loads(self.config_path.read_text())["shards"]]
+
     def wait_exit(self, timeout: float) -> int:
         """Wait up to `timeout` s for the process to end (else `subprocess.TimeoutExpired`);
         its exit code, -N if signal N killed it."""
@@ -279,7 +286,13 @@ class DaemonNode:
 class LocalCluster:
     """Daemons that each serve some shards, sharing one ZooKeeper root and one ClickHouse (or
     one per shard: `StackEndpoints.clickhouse_shards`).
-    `rows_per_task` is one value for every node or one per node (node name -> value)."""
+    `rows_per_task` is one value for every node or one per node (node name -> value).
+
+    With `replica_per_node`, each node reaches ClickHouse through its own address, a TCP
+    forwarder to the shared server that stands for the node's own replica: the production
+    layout, where a node's failure takes its replica with it (`kill_replica`). chdb cannot
+    replicate (no ZooKeeper), so the replicas of a shard are one server at several addresses:
+    MergeTree accepts that (its tables show one UUID through every address)."""
 
     def __init__(
         self,
@@ -298,11 +311,17 @@ class LocalCluster:
         spark: Mapping[str, Any] | None = None,
         zookeeper: Mapping[str, Any] | None = None,
         zookeeper_hosts: Mapping[str, str] | None = None,
+        replica_per_node: bool = False,
+        session_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         """`zookeeper` adds keys to every node's `[zookeeper]`; `zookeeper_hosts` gives a
-        node its own connect string (node -> hosts, e.g. a fault-injecting proxy)."""
+        node its own connect string (node -> hosts, e.g. a fault-injecting proxy);
+        `session_timeouts` gives a node its own session timeout (node -> seconds)."""
         self.root = root
         self.stack = stack
+        self._replica_per_node = replica_per_node
+        # (node, the server's host:port) -> the node's own address of that server.
+        self._replicas: dict[tuple[str, str], TcpForwarder] = {}
         self._zookeeper_hosts = dict(zookeeper_hosts or {})
         if isinstance(rows_per_task, Mapping):
             if missing := sorted(set(nodes) - set(rows_per_task)):
@@ -315,7 +334,6 @@ class LocalCluster:
             stack=stack,
             zk_root=zk_root,
             pipelines=pipelines,
-            session_timeout=session_timeout,
             database=database,
             spark_on_followers=spark_on_followers,
             server=server,
@@ -323,6 +341,9 @@ class LocalCluster:
             zookeeper=zookeeper,
         )
         self._rows_per_task = per_node
+        self._session_timeouts = {
+            n: (session_timeouts or {}).get(n, session_timeout) for n in nodes
+        }
         self._ports = {node: (free_port(), free_port()) for node in nodes}
         texts = self.layout_configs(nodes, shard_count)
         token = str((server or {}).get("token", ""))
@@ -345,7 +366,7 @@ class LocalCluster:
         replicas: dict[int, dict[str, str]] = {}
         for node, shards in nodes.items():
             for shard in shards:
-                replicas.setdefault(shard, {})[node] = self.stack.clickhouse_of(shard)
+                replicas.setdefault(shard, {})[node] = self._replica_address(node, shard)
         return {
             node: self._render(
                 node=node,
@@ -356,13 +377,56 @@ class LocalCluster:
                 http_port=self._ports[node][0],
                 flight_port=self._ports[node][1],
                 rows_per_task=self._rows_per_task[node],
+                session_timeout=self._session_timeouts[node],
                 zookeeper_hosts=self._zookeeper_hosts.get(node),
             )
             for node, shards in nodes.items()
         }
 
+    @property
+    def replica_per_node(self) -> bool:
+        """Whether each node reaches ClickHouse through an address of its own."""
+        return self._replica_per_node
+
+    def replica_ports(self) -> list[int]:
+        """The ports of every node's own ClickHouse address (none without
+        `replica_per_node`)."""
+        return [int(f.listen.rsplit(":", 1)[1]) for f in self._replicas.values()]
+
+    def _replica_address(self, node: str, shard: int) -> str:
+        """The ClickHouse endpoint `node` names for `shard`: the server's, or with
+        `replica_per_node` the node's own forwarder to it (made on first use)."""
+        server = self.stack.clickhouse_of(shard)
+        if not self._replica_per_node:
+            return server
+        forwarder = self._replicas.get((node, server))
+        if forwarder is None:
+            address = f"{LOOPBACK}:{free_port()}"
+            forwarder = TcpForwarder(
+                f"clickhouse replica of {node} ({address} -> {server})",
+                [f"{address}={server}"],
+                self.root / f"{node}-replica-{server.rsplit(':', 1)[1]}.log",
+            )
+            self._replicas[(node, server)] = forwarder
+        return forwarder.listen
+
+    def start_replica(self, node: str) -> None:
+        """Start `node`'s own ClickHouse addresses that are not running (none without
+        `replica_per_node`)."""
+        for (owner, _), forwarder in self._replicas.items():
+            if owner == node and not forwarder.alive():
+                forwarder.start()
+
+    def kill_replica(self, node: str) -> None:
+        """SIGKILL `node`'s own ClickHouse addresses: its replica is gone (connections reset,
+        new ones refused) until `start_replica`."""
+        for (owner, _), forwarder in self._replicas.items():
+            if owner == node:
+                forwarder.kill()
+
     def start(self, timeout: float = 90.0) -> None:
-        for node in self.nodes.values():
+        for name, node in self.nodes.items():
+            self.start_replica(name)
             node.start()
         for node in self.nodes.values():
             node.wait_up(timeout)
@@ -370,6 +434,8 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes.values():
             node.stop()
+        for forwarder in self._replicas.values():
+            forwarder.stop()
 
     def kill(self) -> None:
         """SIGKILL every node and reap it: a test's end, where a clean stop (up to the flush
@@ -377,6 +443,8 @@ class LocalCluster:
         gateway exits when its stdin closes), its Python workers with the JVM."""
         for node in self.nodes.values():
             node.kill(signal.SIGKILL)
+        for forwarder in self._replicas.values():
+            forwarder.kill()
 
     def leaders(self) -> dict[int, str]:
         """shard -> node, for shards whose leader consumes (as each node reports itself)."""

@@ -9,8 +9,9 @@ election in no shard:
 - `shard_count`, the ClickHouse `engine`;
 - per pipeline: `topic`, `table`, `columns`, `meta_columns`, `format`, `on_error`,
   `max_message_bytes`, `transform` and the explicit `partitions` lists;
-- the ClickHouse endpoints per shard, as the union of what every node's config names: a
-  MergeTree shard (deduplication log per server) may have only one across the cluster.
+- the ClickHouse endpoints per shard, as the union of what every node's config names: for a
+  MergeTree shard (deduplication log per server) every node names the same endpoints, and
+  each leader checks that they reach one server (`spark_bridge.tables.check_one_table`).
 
 Everything else may differ per node (`spark.rows_per_task`, buffer thresholds and limits,
 WAL options, ports, paths, credentials, timeouts, log options).
@@ -137,18 +138,20 @@ def compare(recorded: ClusterSettings, wanted: ClusterSettings) -> list[Differen
             )
         )
     elif recorded.engine == Engine.MERGE_TREE:
-        merged = recorded.with_endpoints(wanted.endpoints).endpoints
-        for shard, endpoints in merged.items():
-            if len(endpoints) > 1:
+        # Each leader checks that the endpoints it names reach one table (by UUID); that
+        # covers the shard only if every node names the same endpoints.
+        for shard in sorted({*recorded.endpoints, *wanted.endpoints}):
+            was, now = recorded.endpoints.get(shard, ()), wanted.endpoints.get(shard, ())
+            if was and now and set(was) != set(now):
                 found.append(
                     Difference(
                         f"clickhouse.replicas.{shard}",
-                        _text(list(recorded.endpoints.get(shard, ()))),
-                        _text(list(wanted.endpoints.get(shard, ()))),
+                        _text(list(was)),
+                        _text(list(now)),
                         False,
                         "MergeTree keeps its deduplication log per server, so every node "
-                        f"must name the same one ClickHouse server for shard {shard}; to move "
-                        "the shard to another server: "
+                        f"must name the same endpoints of one ClickHouse server for shard "
+                        f"{shard}; to move the shard to another server: "
                         + RECORD_STEPS.format(change="move its tables to that server"),
                     )
                 )

@@ -10,6 +10,10 @@ it has seen among the last N blocks of the table. An existing table is accepted 
   (``Log``, ``Distributed``, a view, ...) deduplicates nothing;
 - it is replicated exactly when the spec's `Engine` is (a non-replicated table keeps its
   token log on one server, so a re-flush to another replica of the shard inserts again);
+- a non-replicated table is the same table behind every endpoint of the shard: a shard may
+  name one server at several addresses (a proxy or load balancer per node), but two servers
+  keep two logs; `check_one_table` compares the table's ``system.tables.uuid`` as each
+  endpoint shows it (an endpoint string cannot tell one server from two);
 - its window (``non_replicated_deduplication_window``, or ``replicated_deduplication_window``
   for a replicated engine), as set on the table or else the server's default, is at least the
   spec's `dedup_window`. A smaller window is refused too, not only 0: the spec's window is the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -313,6 +318,49 @@ def check_dedup(spec: TableSpec, dedup: TableDedup) -> UnsafeTableError | None:
             f"fix: ALTER TABLE {table} MODIFY SETTING {setting} = {spec.dedup_window}"
         )
     return UnsafeTableError(f"{spec.database}.{spec.table}", problems) if problems else None
+
+
+_NO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def table_uuid(client: Client, database: str, table: str) -> str | None:
+    """The table's UUID (``system.tables.uuid``), the same through every address of its
+    server; None if the table does not exist or its database gives no UUIDs (Ordinary)."""
+    rows = client.query(
+        "SELECT toString(uuid) FROM system.tables"
+        " WHERE database = {db:String} AND name = {t:String}",
+        parameters={"db": database, "t": table},
+    ).result_rows
+    found = str(rows[0][0]) if rows else _NO_UUID
+    return None if found == _NO_UUID else found
+
+
+def check_one_table(spec: TableSpec, uuids: Mapping[str, str | None]) -> UnsafeTableError | None:
+    """For a non-replicated `spec`, whether the endpoints in `uuids` (a name for each, e.g.
+    ``n1 (10.0.0.1:8123)`` -> the UUID its `table_uuid` gave) all reach one table; None when
+    they do, or the spec is replicated (each replica has its own table and a shared log)."""
+    if spec.engine is Engine.REPLICATED_MERGE_TREE or len(uuids) < 2:
+        return None
+    if unknown := sorted(name for name, uuid in uuids.items() if uuid is None):
+        problem = (
+            f"its database gives no table UUIDs through {', '.join(unknown)}, so hakafka cannot "
+            f"tell whether the shard's endpoints {', '.join(sorted(uuids))} reach one server; "
+            f"fix: one endpoint per shard, or an Atomic database"
+        )
+        return UnsafeTableError(f"{spec.database}.{spec.table}", [problem])
+    tables: dict[str, list[str]] = {}
+    for name, uuid in sorted(uuids.items()):
+        tables.setdefault(str(uuid), []).append(name)
+    if len(tables) < 2:
+        return None
+    seen = "; ".join(f"{', '.join(names)}: uuid {uuid}" for uuid, names in tables.items())
+    problem = (
+        f"engine {spec.engine} keeps its deduplication log per server, and the shard's "
+        f"endpoints reach different tables ({seen}), so a re-flush to another of them "
+        f"inserts the rows again; fix: engine = {Engine.REPLICATED_MERGE_TREE}, or endpoints "
+        f"that all reach one server"
+    )
+    return UnsafeTableError(f"{spec.database}.{spec.table}", [problem])
 
 
 def ensure_table(client: Client, spec: TableSpec) -> bool:

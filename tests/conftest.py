@@ -212,6 +212,7 @@ def make_cluster(
         transform: str = "",
         *,
         spark_on_followers: bool = False,
+        replica_per_node: bool = False,
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",
@@ -235,6 +236,7 @@ def make_cluster(
             rows_per_task=100_000,
             server=server,
             spark_on_followers=spark_on_followers,
+            replica_per_node=replica_per_node,
         )
         made.append(cluster)
         return cluster

@@ -11,8 +11,10 @@ from spark_bridge.tables import (
     SchemaMismatchError,
     TableSpec,
     UnsafeTableError,
+    check_one_table,
     ensure_table,
     quote_identifier,
+    table_uuid,
 )
 
 DISTRIBUTED_SUFFIX = "_all"
@@ -58,6 +60,7 @@ def initialize(
             if shard not in config.clickhouse.replicas:
                 continue
             replicas = shard_replicas(config, shard, lambda r: r)
+            uuids: dict[TableSpec, dict[str, str | None]] = {spec: {} for spec in specs}
             for replica in replicas:
                 where = f"clickhouse {replica.name} ({replica.host}:{replica.port})"
                 with clickhouse_errors(where):
@@ -69,6 +72,10 @@ def initialize(
                         try:
                             with clickhouse_errors(where):
                                 ensure_table(client, spec)
+                                found = table_uuid(client, spec.database, spec.table)
+                                uuids[spec][f"{replica.name} ({replica.host}:{replica.port})"] = (
+                                    found
+                                )
                         except (SchemaMismatchError, UnsafeTableError) as exc:
                             refused.append(
                                 f"clickhouse {replica.name} ({replica.host}:{replica.port}): {exc}"
@@ -85,6 +92,9 @@ def initialize(
                                 )
                 finally:
                     client.close()
+            for spec, found_on in uuids.items():
+                if (apart := check_one_table(spec, found_on)) is not None:
+                    refused.append(f"clickhouse shard {shard}: {apart}")
             where = ", ".join(f"{r.name} ({r.host}:{r.port})" for r in replicas)
             done.append(
                 f"clickhouse: {config.clickhouse.database}.{pipeline.table} and "

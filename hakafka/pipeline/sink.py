@@ -11,6 +11,10 @@ down with it. `ensure_tables` creates the tables on the replicas that answer (a 
 first, so a dead one costs at most a second) and fails only when none does; a replica that
 did not answer gets its tables before anything is written to it (`flush` checks again,
 at most every `RECHECK_S`), and until then writes go to the replicas that have them.
+
+With a non-replicated engine the shard's endpoints must all reach one server (one table, one
+deduplication log): each replica that gets its tables shows their UUIDs, and a replica whose
+tables differ from another's is refused (`UnsafeTableError`) before anything is written to it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from hakafka.pipeline.parts import Flushed
 from hakafka.settings import connection_of, handoff_options, table_specs
 from spark_bridge.flush import FlushTarget, flush
 from spark_bridge.replicas import Replica
-from spark_bridge.tables import SchemaMismatchError, TableSpec, UnsafeTableError, ensure_table
+from spark_bridge.tables import (
+    SchemaMismatchError,
+    TableSpec,
+    UnsafeTableError,
+    check_one_table,
+    ensure_table,
+    table_uuid,
+)
 
 log = structlog.get_logger("hakafka.pipeline")
 
@@ -52,8 +63,11 @@ class PipelineSink:
         pipeline: PipelineConfig,
         schema: PipelineSchema,
         spark: Callable[[], SparkSession],
+        recheck_s: float = RECHECK_S,
     ) -> None:
+        """`recheck_s`: how long a replica that did not get its tables is left alone."""
         self._pipeline = pipeline
+        self._recheck_s = recheck_s
         self._spark = spark
         self.rows_spec, self.dead_spec = table_specs(config, pipeline, schema)
         self.connection = connection_of(config)
@@ -62,14 +76,18 @@ class PipelineSink:
         self._lock = threading.Lock()
         self._ready: set[tuple[str, int]] = set()
         self._retry_at: dict[tuple[str, int], float] = {}
+        # The tables' UUIDs (rows, dead letters) as each replica that has them shows them.
+        self._uuids: dict[str, tuple[str | None, str | None]] = {}
 
     def ensure_tables(self, replicas: tuple[Replica, ...]) -> None:
         """Create both tables on every writable replica that answers, if missing (each new
         term checks them all again). TablesUnreachableError if none answers;
-        SchemaMismatchError or UnsafeTableError if a table exists but cannot be used."""
+        SchemaMismatchError or UnsafeTableError if a table exists but cannot be used, or
+        replicas of a non-replicated table reach different tables."""
         with self._lock:
             self._ready.clear()
             self._retry_at.clear()
+            self._uuids.clear()
         errors = {r.name: self._ensure_on(r) for r in replicas if r.writable}
         if errors and all(e is not None for e in errors.values()):
             raise TablesUnreachableError(
@@ -92,8 +110,7 @@ class PipelineSink:
             try:
                 client: Client = self.connection.client(replica.host, replica.port)
                 try:
-                    ensure_table(client, self.rows_spec)
-                    ensure_table(client, self.dead_spec)
+                    uuids = tuple(self._ensure_table(client, spec) for spec in self.specs)
                 finally:
                     client.close()
             except (SchemaMismatchError, UnsafeTableError):
@@ -102,17 +119,42 @@ class PipelineSink:
                 error = f"{type(exc).__name__}: {exc}"[:300]
             else:
                 error = None
+                self._check_one_server(f"{replica.name} ({replica.host}:{replica.port})", uuids)
         with self._lock:
             if error is None:
                 self._ready.add(key)
                 self._retry_at.pop(key, None)
             else:
-                self._retry_at[key] = time.monotonic() + RECHECK_S
+                self._retry_at[key] = time.monotonic() + self._recheck_s
         if error is not None:
             log.warning(
-                "tables.replica_skipped", replica=replica.name, error=error, retry_s=RECHECK_S
+                "tables.replica_skipped",
+                replica=replica.name,
+                error=error,
+                retry_s=self._recheck_s,
             )
         return error
+
+    @property
+    def specs(self) -> tuple[TableSpec, TableSpec]:
+        return self.rows_spec, self.dead_spec
+
+    @staticmethod
+    def _ensure_table(client: Client, spec: TableSpec) -> str | None:
+        ensure_table(client, spec)
+        return table_uuid(client, spec.database, spec.table)
+
+    def _check_one_server(self, replica: str, uuids: tuple[str | None, ...]) -> None:
+        """Record `replica`'s table UUIDs; UnsafeTableError (and nothing recorded) if a
+        non-replicated table differs from another replica's."""
+        with self._lock:
+            seen = {**self._uuids, replica: (uuids[0], uuids[1])}
+        for i, spec in enumerate(self.specs):
+            unsafe = check_one_table(spec, {name: found[i] for name, found in seen.items()})
+            if unsafe is not None:
+                raise unsafe
+        with self._lock:
+            self._uuids[replica] = (uuids[0], uuids[1])
 
     def flush(self, block: PlannedBlock, replicas: tuple[Replica, ...]) -> Flushed:
         """Write the block's rows and dead letters; returns once ClickHouse acknowledged both.

@@ -19,17 +19,10 @@ from typing import Any, cast
 
 import pytest
 
-from devstack.chaos import (
+from devstack.chaos.checks import (
     NODE_STARTING,
-    ChaosDriver,
-    ChaosTargets,
     Commit,
     ElectionTiming,
-    LeaderObservation,
-    LivenessMonitor,
-    LivenessSample,
-    ReshardAttempt,
-    ReshardPlan,
     checkpoint_summary,
     commit_violations,
     configured_rows_per_task,
@@ -37,7 +30,6 @@ from devstack.chaos import (
     consuming_summary,
     election_timings,
     flush_report,
-    leader_violations,
     log_events,
     log_files,
     mark_start,
@@ -47,6 +39,9 @@ from devstack.chaos import (
     too_slow,
     verify_wals,
 )
+from devstack.chaos.driver import ChaosDriver, ChaosTargets, ReshardAttempt, ReshardPlan
+from devstack.chaos.liveness import LivenessMonitor, LivenessSample
+from devstack.chaos.watcher import LeaderObservation, leader_violations
 from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints, render_config
 from hakafka.config import load_config
 from wal import WriteAheadLog
@@ -515,7 +510,9 @@ class ScriptedDriver(ChaosDriver):
     fail as scripted; `log` is what happened, in order."""
 
     def __init__(self, reshards: list[bool]) -> None:
-        targets = SimpleNamespace(netns=None, zk_proxies={}, cluster=SimpleNamespace(nodes={}))
+        targets = SimpleNamespace(
+            netns=None, zk_proxies={}, cluster=SimpleNamespace(nodes={}, replica_per_node=False)
+        )
         super().__init__(cast(ChaosTargets, targets), 1, session_timeout=3.0, say=lambda _: None)
         self.script = list(reshards)
         self.log: list[str] = []

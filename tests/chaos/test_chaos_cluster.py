@@ -19,7 +19,11 @@ committed, and every re-flush committed in the tasks its intent's writer planned
 summary counts the re-flushes on a node whose rows_per_task differs from the writer's).
 Where the machine allows it (root and iproute2), n1 runs in a network namespace of its own
 behind a veth pair, and the driver also cuts that link: the partitioned leader must stop
-committing and another node must take over its shards.
+committing and another node must take over its shards. Each node writes to ClickHouse
+through an address of its own (its replica, in the production layout), and the driver also
+kills a leader together with that replica: another node must checkpoint the shard while the
+replica is still down. In the long run n3 has a 20 s ZooKeeper session (the others 3 s), so
+a frozen server holds its replies for 8 s on a live connection.
 
 Every leader change is timed from the new leader's `leader.elected` to its `leader.consuming`
 (from the daemons' logs) and the distribution is printed with the final tally, the reshard
@@ -37,21 +41,13 @@ import threading
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devstack.chaos import (
-    SEED_ENV,
-    ChaosDriver,
-    ChaosTargets,
-    LeadershipWatcher,
-    LivenessMonitor,
-    NetworkNamespace,
-    ReshardPlan,
-    chaos_seed,
+from devstack.chaos.checks import (
     checkpoint_summary,
     commit_violations,
     configured_rows_per_task,
@@ -60,13 +56,15 @@ from devstack.chaos import (
     daemon_logs,
     election_timings,
     flush_report,
-    liveness_summary,
-    netns_unavailable,
     read_commits,
     repaired_corruption,
     too_slow,
     verify_wals,
 )
+from devstack.chaos.driver import SEED_ENV, ChaosDriver, ChaosTargets, ReshardPlan, chaos_seed
+from devstack.chaos.liveness import LivenessMonitor, liveness_summary
+from devstack.chaos.netns import NetworkNamespace, netns_unavailable
+from devstack.chaos.watcher import LeadershipWatcher
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
@@ -98,10 +96,9 @@ SESSION_TIMEOUT = 3.0
 REQUEST_TIMEOUT = 1.5
 # The nodes' `[server] stuck_after`: a term without progress for this long is not ready.
 STUCK_AFTER = 30.0
-# What that promises for a shard: a new term counts from the shard's last checkpoint, but
-# while the shard has no leader at all its followers are ready; an election ends that within
-# the session timeout (plus the monitor's 1 s sampling and the new leader's first look).
-SHARD_BOUND = STUCK_AFTER + SESSION_TIMEOUT + 5.0
+# The long run gives one node (with a ZooKeeper proxy) a 20 s session, as production often
+# does: a frozen server then holds its replies for seconds on a live connection (zk_frozen).
+LONG_SESSION = {"n3": 20.0}
 DATABASE = "chaos"
 WARM_UP = 2_000  # records produced and flushed before the first fault
 NETNS_NODE = "n1"  # runs in its own network namespace where the machine allows it
@@ -130,11 +127,22 @@ class Variant:
     # bound that tight would measure the machine's load, so it prints the distribution only.
     bound_consuming: bool
     reshard_after: int | None  # applied faults before the reshard (None: no reshard)
+    session_timeouts: dict[str, float] = field(default_factory=dict)  # node -> own session
+
+    @property
+    def shard_bound(self) -> float:
+        """What `stuck_after` promises for a shard: a new term counts from the shard's last
+        checkpoint, but while the shard has no leader at all its followers are ready; an
+        election ends that within the longest session timeout (plus the monitor's 1 s
+        sampling and the new leader's first look)."""
+        return STUCK_AFTER + max([SESSION_TIMEOUT, *self.session_timeouts.values()]) + 5.0
 
 
 LIE_PERSIST = 3  # probes in a row that make a ready-while-stuck a failure (see the monitor)
 SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 40_000, 2_000, 3.0, 150.0, 6, False, 4)
-LONG = Variant("long", 55, (2.0, 6.0), 1200.0, 400_000, 6_000, 10.0, 300.0, 50, True, 25)
+LONG = Variant(
+    "long", 55, (2.0, 6.0), 1200.0, 400_000, 6_000, 10.0, 300.0, 50, True, 25, LONG_SESSION
+)
 
 
 class Producer(threading.Thread):
@@ -187,7 +195,7 @@ def make_namespace(
     services = [
         int(hp.rsplit(":", 1)[1])
         for hp in (*stack.zookeeper.split(","), stack.kafka, stack.clickhouse)
-    ]
+    ] + cluster.replica_ports()
     try:
         netns.create()
         netns.forward(services, [node.http_port, node.flight_port])
@@ -277,10 +285,12 @@ def test_chaos_every_record_exactly_once(
         zk_root=zk_root,
         database=DATABASE,
         session_timeout=SESSION_TIMEOUT,
+        session_timeouts=variant.session_timeouts,
         rows_per_task=ROWS_PER_TASK,
         server={"stuck_after": STUCK_AFTER},
         zookeeper={"request_timeout": REQUEST_TIMEOUT},
         zookeeper_hosts={name: proxy.hosts for name, proxy in proxies.items()},
+        replica_per_node=True,
     )
     table, dead_table = f"{topic}_events", f"{topic}_events_dead_letter"
     watcher = LeadershipWatcher(stack.zookeeper, zk_root, ALL_SHARDS)
@@ -380,6 +390,7 @@ def test_chaos_every_record_exactly_once(
         cuts = [(c.led, c.taken_over, len(c.commits_while_cut)) for c in driver.partitions]
         timings = election_timings(logs)
         bound = consuming_bound(node.config_path for node in cluster.nodes.values())
+        bounds = (STUCK_AFTER, variant.shard_bound)
         flushes = flush_report(
             logs,
             configured_rows_per_task({n: node.config_path for n, node in cluster.nodes.items()}),
@@ -400,7 +411,7 @@ def test_chaos_every_record_exactly_once(
             f"{tag} {checkpoint_summary(timings)}\n"
             f"{tag} {flushes.summary()}\n"
             f"{tag} "
-            f"{liveness_summary(driver.faults, driver.began, liveness, (STUCK_AFTER, SHARD_BOUND))}"
+            f"{liveness_summary(driver.faults, driver.began, liveness, bounds)}"
             "\n"
             f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
             flush=True,
@@ -412,6 +423,8 @@ def test_chaos_every_record_exactly_once(
         assert not doubled, f"{tag} doubled leadership: {doubled}"
         assert not damaged, f"{tag} WAL damage: {damaged}"
         assert not errors, f"{tag} faults that could not be applied: {errors}"
+        stuck = [f for f in driver.faults if "NOT checkpointed" in f.outcome]
+        assert not stuck, f"{tag} a shard stood still while a dead node's replica was down: {stuck}"
         assert not driver.unplanned_exits, (
             f"{tag} daemons died by themselves: {driver.unplanned_exits}"
         )
@@ -429,7 +442,7 @@ def test_chaos_every_record_exactly_once(
             assert cut.taken_over, f"{tag} nobody took over from partitioned {cut}"
             assert not cut.commits_while_cut, f"{tag} partitioned leader committed: {cut}"
         # A lie of 3 probes in a row (3 s) fails the run; shorter ones are printed above.
-        lies = liveness.ready_while_stuck(SHARD_BOUND, persist=LIE_PERSIST)
+        lies = liveness.ready_while_stuck(variant.shard_bound, persist=LIE_PERSIST)
         assert not lies, f"{tag} a shard stuck while its nodes said ready: {lies[:5]}"
         slow = too_slow(timings, bound) if variant.bound_consuming else None
         assert slow is None, f"{tag} {slow}"

@@ -24,33 +24,42 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 ALL_SHARDS = [0, 1]
 
 
-def test_two_shards_two_replicas_exactly_once_through_a_leader_kill(
+def test_two_shards_two_replicas_exactly_once_through_a_leader_killed_with_its_replica(
     make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
 ) -> None:
+    # The production layout: each node writes through its own ClickHouse replica (here its
+    # own address of the one server), and the node's death takes its replica with it.
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    cluster = make_cluster({"n1": ALL_SHARDS, "n2": ALL_SHARDS})
+    cluster = make_cluster({"n1": ALL_SHARDS, "n2": ALL_SHARDS}, replica_per_node=True)
     cluster.start()
     leaders = cluster.wait_leaders(ALL_SHARDS)
     first = produce(stack.kafka, topic, 100_000, bad_every=997)
     wait_for(lambda: landed(ch_client, "events") > 10_000, 120, "first flushes")
     victim = leaders[0]
+    (survivor,) = set(cluster.nodes) - {victim}
     cluster.nodes[victim].kill(signal.SIGKILL)
+    cluster.kill_replica(victim)
     second = produce(stack.kafka, topic, 100_000, start=100_000, bad_every=997)
     good, bad = first.good | second.good, first.bad | second.bad
     assert len(good) + len(bad) == 200_000
-    wait_for(
-        lambda: cluster.leaders().keys() >= {0, 1} and victim not in cluster.leaders().values(),
-        60,
-        "failover",
-    )
-    cluster.nodes[victim].start()
+    wait_for(lambda: cluster.leaders() == {0: survivor, 1: survivor}, 60, "failover")
+    # Every row lands while the dead node's replica is still gone.
     wait_for(lambda: landed(ch_client, "events") >= len(good), 240, "every good row")
     wait_for(
         lambda: count(ch_client, "events_dead_letter") >= len(bad),
         60,
         "every dead letter",
     )
+    skipped = [
+        e
+        for e in log_events(cluster.nodes[survivor].log_path)
+        if e.get("event") == "tables.replica_skipped"
+    ]
+    assert skipped and {e["replica"] for e in skipped} == {victim}, skipped
+    cluster.start_replica(victim)
+    cluster.nodes[victim].start()
+    cluster.nodes[victim].wait_up()
     time.sleep(4)  # one more flush cycle: nothing may arrive twice afterwards
     assert_exactly_once(ch_client, "events", good)
     assert_exactly_once(ch_client, "events_dead_letter", bad)

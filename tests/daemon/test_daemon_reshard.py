@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from devstack.chaos import _unix, log_events
+from devstack.chaos.checks import event_time, log_events
 from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import Produced, create_topic, produce, tally
@@ -120,16 +120,16 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
     }
     # No partition was read by two leaders: n1's last read ended before n2's first began.
     n1_stopped = [
-        _unix(e["timestamp"])
+        event_time(e["timestamp"])
         for e in log_events(n1.log_path, ["pipeline.stopped_by_shard"])
         if e.get("reason") == "reshard"
     ]
-    n2_reads = [_unix(e["timestamp"]) for e in log_events(n2.log_path, ["consumer.assigned"])]
+    n2_reads = [event_time(e["timestamp"]) for e in log_events(n2.log_path, ["consumer.assigned"])]
     assert n1_stopped and n2_reads
     assert max(n1_stopped) < min(n2_reads)
     assert min(n2_reads) > requested
     assert not [
         e
         for e in log_events(n1.log_path, ["consumer.assigned"])
-        if _unix(e["timestamp"]) > requested
+        if event_time(e["timestamp"]) > requested
     ]

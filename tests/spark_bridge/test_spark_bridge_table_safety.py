@@ -21,10 +21,12 @@ from spark_bridge.tables import (
     TableSpec,
     UnsafeTableError,
     check_dedup,
+    check_one_table,
     dedup_kind,
     default_window,
     engine_settings,
     ensure_table,
+    table_uuid,
 )
 
 COLUMNS = (("v", "Int64"), ("_partition", "Int32"), ("_offset", "Int64"))
@@ -215,6 +217,41 @@ def test_existing_log_table_is_refused(ch_database: str, ch_client: Any) -> None
     ch_client.command(f"CREATE TABLE events {COLUMNS_SQL} ENGINE = Log")
     with pytest.raises(UnsafeTableError, match="engine Log does not deduplicate inserts"):
         ensure_table(ch_client, spec(ch_database))
+
+
+def test_mergetree_endpoints_must_reach_one_table_and_replicated_ones_need_not() -> None:
+    one = {"n1 (10.0.0.1:8123)": "u-1", "n2 (10.0.0.2:8123)": "u-1"}
+    assert check_one_table(spec(), one) is None
+    assert check_one_table(spec(), {"n1 (10.0.0.1:8123)": None}) is None  # one endpoint
+    two = {**one, "n3 (10.0.0.3:8123)": "u-3"}
+    error = check_one_table(spec(), two)
+    assert error is not None
+    assert str(error) == (
+        "table db.events would not deduplicate re-flushed inserts: engine MergeTree keeps its "
+        "deduplication log per server, and the shard's endpoints reach different tables "
+        "(n1 (10.0.0.1:8123), n2 (10.0.0.2:8123): uuid u-1; n3 (10.0.0.3:8123): uuid u-3), so "
+        "a re-flush to another of them inserts the rows again; fix: engine = "
+        "ReplicatedMergeTree, or endpoints that all reach one server"
+    )
+    assert check_one_table(spec(engine=Engine.REPLICATED_MERGE_TREE), two) is None
+    unknown = check_one_table(spec(), {**one, "n2 (10.0.0.2:8123)": None})
+    assert unknown is not None
+    assert "gives no table UUIDs through n2 (10.0.0.2:8123)" in str(unknown)
+
+
+@pytest.mark.integration
+def test_a_tables_uuid_is_one_through_every_client_and_none_before_it_exists(
+    ch_database: str, ch_client: Any, clickhouse: ClickHouseService
+) -> None:
+    assert table_uuid(ch_client, ch_database, "events") is None
+    ensure_table(ch_client, spec(ch_database))
+    found = table_uuid(ch_client, ch_database, "events")
+    assert found is not None and len(found) == 36
+    other = clickhouse.client()
+    try:
+        assert table_uuid(other, ch_database, "events") == found
+    finally:
+        other.close()
 
 
 @pytest.mark.integration

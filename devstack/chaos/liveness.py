@@ -1,0 +1,160 @@
+"""Health is data moving: `LivenessMonitor` samples every shard's progress and its nodes'
+`/ready` about once a second during a chaos run, so the run can fail on a shard that stood
+still while its nodes said they were ready; `liveness_summary` is what it prints."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devstack.chaos.driver import Fault
+
+from devstack.cluster import LocalCluster
+
+
+@dataclass(frozen=True)
+class LivenessSample:
+    """One look at one shard: seconds since it last made progress (its leader's checkpoint
+    advanced, or it had nothing to do: lag 0 and an empty buffer), and whether every live
+    node serving it answered `/ready` 200."""
+
+    at: float  # time.monotonic()
+    shard: int
+    stalled: float
+    ready: bool
+
+
+class LivenessMonitor:
+    """Samples every shard about once a second from the nodes' `/status` and `/ready`
+    (thread `chaos-liveness`), so that the run can check that no shard is stuck while its
+    nodes say they are ready, and how long each kind of fault kept the shards still."""
+
+    def __init__(
+        self, cluster: LocalCluster, shards: Callable[[], Sequence[int]], interval: float = 1.0
+    ) -> None:
+        self._cluster, self._shards, self._interval = cluster, shards, interval
+        self.samples: list[LivenessSample] = []
+        self._checkpoints: dict[int, int] = {}
+        self._progress: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-liveness", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._sample(time.monotonic())
+            except Exception as exc:  # a sample is best effort; the run goes on
+                print(f"chaos: liveness sample failed: {exc!r}", flush=True)
+
+    def _sample(self, now: float) -> None:
+        views: dict[str, dict[str, Any]] = {}
+        ready: dict[str, bool] = {}
+        for name, node in self._cluster.nodes.items():
+            if node.process is None or not node.alive():
+                continue
+            try:
+                views[name] = node.status()
+                ready[name] = node.get("/ready", timeout=3.0)[0] == 200
+            except Exception:
+                ready[name] = False  # frozen or not answering: not ready
+        for shard in self._shards():
+            checkpoint, idle = None, False
+            for view in views.values():
+                for entry in view.get("shards", []):
+                    if entry.get("shard") != shard or entry.get("role") != "leader":
+                        continue
+                    pipelines = entry.get("pipelines", [])
+                    checkpoint = sum(sum(p["checkpoint"].values()) for p in pipelines)
+                    idle = bool(pipelines) and all(
+                        not any(p["lag"].values()) and not p["buffer_rows"] for p in pipelines
+                    )
+            self._progress.setdefault(shard, now)
+            if idle or (checkpoint is not None and checkpoint > self._checkpoints.get(shard, -1)):
+                self._progress[shard] = now
+            if checkpoint is not None:
+                self._checkpoints[shard] = max(checkpoint, self._checkpoints.get(shard, -1))
+            serving = [
+                n
+                for n, node in self._cluster.nodes.items()
+                if n in ready and shard in node.configured_shards()
+            ]
+            self.samples.append(
+                LivenessSample(
+                    now,
+                    shard,
+                    now - self._progress[shard],
+                    bool(serving) and all(ready[n] for n in serving),
+                )
+            )
+
+    def ready_while_stuck(self, bound: float, persist: int = 1) -> list[LivenessSample]:
+        """Samples of a shard without progress for longer than `bound` while every node
+        serving it said it was ready: the lie this run must never see. With `persist`, only
+        runs of at least that many such samples in a row for one shard (about a second
+        apart): at a leadership change the stuck leader is a follower, ready, a moment before
+        its successor's new term carries the shard's stall, and two probes a second apart
+        can both fall in that moment."""
+        found: list[LivenessSample] = []
+        for shard in sorted({s.shard for s in self.samples}):
+            run: list[LivenessSample] = []
+            for sample in sorted((s for s in self.samples if s.shard == shard), key=lambda s: s.at):
+                if sample.stalled > bound and sample.ready:
+                    run.append(sample)
+                    continue
+                found += run if len(run) >= persist else []
+                run = []
+            found += run if len(run) >= persist else []
+        return found
+
+    def progress_after(self, at: float) -> float | None:
+        """Seconds from `at` until every shard that existed then had made progress again
+        (None: not seen)."""
+        waits = []
+        for shard in {s.shard for s in self.samples if s.at <= at}:
+            later = [s for s in self.samples if s.shard == shard and s.at >= at]
+            first = next((s for s in later if s.stalled <= s.at - at), None)
+            if first is None:
+                return None
+            waits.append(max(0.0, first.at - first.stalled - at))
+        return max(waits, default=None)
+
+
+def liveness_summary(
+    faults: Sequence[Fault], began: float, monitor: LivenessMonitor, bounds: Sequence[float]
+) -> str:
+    """Per fault kind, the longest time from a fault's end until every shard progressed
+    again, and for each of `bounds` the samples of a shard stuck past it while its nodes
+    said ready."""
+    longest: dict[str, float | None] = {}
+    for fault in faults:
+        if not fault.outcome.startswith("applied"):
+            continue
+        took = monitor.progress_after(began + fault.at + fault.seconds)
+        before = longest.get(fault.kind, 0.0)
+        longest[fault.kind] = None if took is None or before is None else max(before, took)
+    kinds = ", ".join(
+        f"{kind} {'never' if s is None else f'{s:.1f}s'}" for kind, s in sorted(longest.items())
+    )
+    counts = []
+    for bound in bounds:
+        lies = monitor.ready_while_stuck(bound)
+        worst = max((s.stalled for s in lies), default=None)
+        counts.append(
+            f"{len(lies)} with a shard stuck > {bound:g} s while its nodes said ready"
+            + ("" if worst is None else f" (longest {worst:.1f} s)")
+        )
+    return (
+        f"liveness: longest fault end -> every shard progressing: {kinds or 'no faults'}; "
+        f"{len(monitor.samples)} samples, " + ", ".join(counts)
+    )
