@@ -6,17 +6,7 @@ The daemon uses the `Coordinator` facade; everything else here is its parts.
 
 from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.coordinator import Coordinator
-from hakafka.coordination.election import (
-    BecameLeader,
-    Correction,
-    FailoverRequested,
-    Leadership,
-    LeadershipEvent,
-    LeadershipState,
-    LostLeadership,
-    Resumed,
-    Suspended,
-)
+from hakafka.coordination.election import Leadership
 from hakafka.coordination.errors import (
     CoordinationError,
     FailoverRefused,
@@ -24,6 +14,16 @@ from hakafka.coordination.errors import (
     ZooKeeperUnavailableError,
 )
 from hakafka.coordination.fenced import FencedState
+from hakafka.coordination.leadership_events import (
+    BecameLeader,
+    Correction,
+    FailoverRequested,
+    LeadershipEvent,
+    LeadershipState,
+    LostLeadership,
+    Resumed,
+    Suspended,
+)
 from hakafka.coordination.records import (
     Checkpoint,
     ClusterSettings,

@@ -26,9 +26,10 @@ from kazoo.exceptions import NodeExistsError
 
 from hakafka.coordination import failover, paths
 from hakafka.coordination.cluster_settings import SettingsStore
-from hakafka.coordination.election import Correction, Leadership, LeadershipEvent
+from hakafka.coordination.election import Leadership
 from hakafka.coordination.errors import NodeIdTakenError, ZooKeeperUnavailableError
 from hakafka.coordination.executor import SerialExecutor
+from hakafka.coordination.leadership_events import Correction, LeadershipEvent
 from hakafka.coordination.pause import PauseStore
 from hakafka.coordination.records import (
     FailoverRequest,
@@ -120,7 +121,11 @@ class Coordinator:
 
     def _on_state(self, state: KazooState) -> None:
         # kazoo's connection thread: only flip flags and hand work to the worker.
-        log.info("zookeeper.state", node=self.node_id, state=str(state))
+        if state == KazooState.LOST and self._closing.is_set():
+            # kazoo reports its own clean close as LOST: say what it is.
+            log.info("zookeeper.closed", node=self.node_id)
+        else:
+            log.info("zookeeper.state", node=self.node_id, state=str(state))
         self._registration_current = False
         if state == KazooState.SUSPENDED:
             for leadership in list(self._shards.values()):
@@ -286,11 +291,11 @@ class Coordinator:
     def candidates(self, shard: int) -> list[str]:
         """The nodes standing in `shard`'s election, lowest sequence first, without the
         ones under replacement (who will not be elected)."""
-        election = paths.election(shard)
         replacing = self._registry.replacing_names()
         nodes = []
+        election = paths.election(shard)
         for name in sorted(self._session.children(election), key=paths.candidate_sequence):
-            got = self._session.get(f"{election}/{name}")
+            got = self._session.get(paths.candidate(shard, name))
             node = None if got is None else got[0].decode("utf-8", errors="replace")
             if node is not None and node not in replacing:
                 nodes.append(node)

@@ -24,11 +24,9 @@ from the coordinator) runs the same checks as a safety net; each correction is l
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -39,6 +37,16 @@ from hakafka.coordination.errors import CoordinationError, FencedError, ZooKeepe
 from hakafka.coordination.executor import SerialExecutor
 from hakafka.coordination.failover import read_request
 from hakafka.coordination.fenced import FencedState
+from hakafka.coordination.leadership_events import (
+    BecameLeader,
+    Correction,
+    FailoverRequested,
+    LeadershipEvent,
+    LeadershipState,
+    LostLeadership,
+    Resumed,
+    Suspended,
+)
 from hakafka.coordination.records import FailoverRequest, LeaderInfo, decode_epoch, encode_epoch
 from hakafka.coordination.registry import Registry
 from hakafka.coordination.session import ZkSession
@@ -46,69 +54,6 @@ from hakafka.coordination.session import ZkSession
 log = structlog.get_logger("hakafka.coordination")
 
 RETRY_DELAY_S = 0.5
-
-
-class Correction(enum.StrEnum):
-    """What a read-back found wrong and fixed (the `action` label of the metric)."""
-
-    ADOPTED_LEADER = "adopted_leader"
-    """`leader` was this session's while the node followed: the election went through."""
-    DELETED_LEADER = "deleted_leader"
-    """`leader` was this session's while the node must not lead: deleted."""
-    DELETED_CANDIDATE = "deleted_candidate"
-    """A second candidate of this session (a create whose reply was lost): deleted."""
-    DROPPED_LEADERSHIP = "dropped_leadership"
-    """The node believed it led but `leader` or `epoch` said otherwise."""
-    DROPPED_SUSPENDED = "dropped_suspended"
-    """Suspended for a session timeout on a live connection that could not confirm it."""
-
-
-class LeadershipState(enum.Enum):
-    FOLLOWER = "follower"
-    LEADER = "leader"
-    SUSPENDED = "suspended"
-    """Was leading when the connection dropped: no side effects until Resumed or Lost."""
-
-
-@dataclass(frozen=True)
-class BecameLeader:
-    epoch: int
-    token: int
-    at: float = field(default_factory=time.time, compare=False)
-    """Unix time of the state change (every event has one)."""
-
-
-@dataclass(frozen=True)
-class LostLeadership:
-    reason: str
-    at: float = field(default_factory=time.time, compare=False)
-
-
-@dataclass(frozen=True)
-class Suspended:
-    """The ZooKeeper connection dropped while leading: stop side effects now."""
-
-    at: float = field(default_factory=time.time, compare=False)
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """The same session came back and the epoch is still ours: side effects may go on."""
-
-    epoch: int
-    token: int
-    at: float = field(default_factory=time.time, compare=False)
-
-
-@dataclass(frozen=True)
-class FailoverRequested:
-    """Ops asked this leader to hand over: finish or abandon the flush, then `resign()`."""
-
-    request: FailoverRequest
-    at: float = field(default_factory=time.time, compare=False)
-
-
-LeadershipEvent = BecameLeader | LostLeadership | Suspended | Resumed | FailoverRequested
 
 
 class Leadership:
@@ -420,7 +365,7 @@ class Leadership:
         for name in names:
             known = self._candidate_nodes.get(name)
             if known is None:
-                got = self._session.get(f"{election}/{name}")
+                got = self._session.get(paths.candidate(self.shard, name))
                 if got is None:
                     continue
                 known = got[0].decode("utf-8", errors="replace"), got[1].ephemeralOwner
@@ -428,7 +373,7 @@ class Leadership:
             node, owner = known
             if owner == self._session.session_id and name != self._candidate:
                 # A create whose reply was lost: ours, but not the candidate we stand with.
-                self._session.delete(f"{election}/{name}")
+                self._session.delete(paths.candidate(self.shard, name))
                 self._correct(Correction.DELETED_CANDIDATE, candidate=name)
                 continue
             if winner is None and node not in replacing and target in (None, node):
@@ -537,7 +482,7 @@ class Leadership:
 
     def _withdraw(self) -> None:
         if self._candidate is not None:
-            self._session.delete(f"{paths.election(self.shard)}/{self._candidate}")
+            self._session.delete(paths.candidate(self.shard, self._candidate))
             log.info("election.withdrew", shard=self.shard, node=self.node_id)
             self._candidate = None
 
@@ -580,7 +525,7 @@ class Leadership:
                 txn.delete(paths.failover(self.shard), found[1].version)
                 ops.append("failover")
         if self._candidate is not None:
-            candidate = f"{paths.election(self.shard)}/{self._candidate}"
+            candidate = paths.candidate(self.shard, self._candidate)
             if self._session.exists(candidate) is not None:
                 txn.delete(candidate)
                 ops.append("candidate")

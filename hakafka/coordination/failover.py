@@ -33,9 +33,8 @@ def read_request(
 def candidate_nodes(session: ZkSession, shard: int) -> set[str]:
     """The nodes with a candidate znode in `shard`'s election."""
     found: set[str] = set()
-    election = paths.election(shard)
-    for name in session.children(election):
-        got = session.get(f"{election}/{name}")
+    for name in session.children(paths.election(shard)):
+        got = session.get(paths.candidate(shard, name))
         if got is not None:
             found.add(got[0].decode("utf-8", errors="replace"))
     return found

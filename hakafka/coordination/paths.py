@@ -27,6 +27,11 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
+def child(parent: str, name: str) -> str:
+    """The path of `name`, a child of `parent` as ZooKeeper listed it (so not checked again)."""
+    return f"{parent.rstrip('/')}/{name}"
+
+
 def node(node_id: str) -> str:
     return f"{NODES}/{check_name('node', node_id)}"
 
@@ -49,6 +54,11 @@ def candidate_prefix(shard_id: int) -> str:
     return f"{election(shard_id)}/{CANDIDATE_PREFIX}"
 
 
+def candidate(shard_id: int, name: str) -> str:
+    """One candidate of `shard_id`'s election, by the name ZooKeeper gave it (`n_0000000007`)."""
+    return child(election(shard_id), name)
+
+
 def candidate_sequence(name: str) -> int:
     """The sequence number of candidate znode `name` (e.g. `n_0000000007` -> 7)."""
     return int(name.rsplit("_", 1)[1])
@@ -66,8 +76,13 @@ def failover(shard_id: int) -> str:
     return f"{shard(shard_id)}/failover"
 
 
+def pipelines(shard_id: int) -> str:
+    """The parent of a shard's pipelines."""
+    return f"{shard(shard_id)}/pipelines"
+
+
 def pipeline(shard_id: int, name: str) -> str:
-    return f"{shard(shard_id)}/pipelines/{check_name('pipeline', name)}"
+    return f"{pipelines(shard_id)}/{check_name('pipeline', name)}"
 
 
 def checkpoint(shard_id: int, name: str) -> str:
@@ -98,6 +113,6 @@ def shard_layout(shard_id: int) -> list[str]:
     return [
         shard(shard_id),
         election(shard_id),
-        f"{shard(shard_id)}/pipelines",
+        pipelines(shard_id),
         paused_pipelines(shard_id),
     ]

@@ -1,16 +1,21 @@
 """The JSON records stored in znodes, as dataclasses with strict decoding.
 
-Decoding errors raise `CorruptZnodeError` naming the znode and what is wrong.
+Fields are read with `hakafka.typed_reader` (`_Fields`); decoding errors raise
+`CorruptZnodeError` naming the znode and what is wrong.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from hakafka.coordination.errors import CorruptZnodeError
+from hakafka.typed_reader import Check, TypedReader
+
+T = TypeVar("T")
 
 Checkpoint = dict[str, dict[int, int]]
 """{topic: {partition: next_offset}}: the next offset to consume per partition."""
@@ -29,23 +34,29 @@ def _load(path: str, raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _field(path: str, value: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    if key not in value:
-        raise CorruptZnodeError(f"znode {path}: missing field {key!r}")
-    got = value[key]
-    if not isinstance(got, kind) or (isinstance(got, bool) and kind is not bool):
-        raise CorruptZnodeError(f"znode {path}: field {key!r} has the wrong type ({got!r})")
-    return got
+class _Fields(TypedReader):
+    """The fields of one record (or of an object inside it), named in problems by the znode's
+    path. hakafka wrote the record, so its first bad field means the znode is corrupt: it
+    raises `CorruptZnodeError`. Fields a record does not know are left alone."""
+
+    def problem(self, name: str, text: str) -> NoReturn:
+        raise CorruptZnodeError(f"znode {self.path}: {text}")
+
+    def missing(self, name: str) -> str:
+        return f"missing field {name!r}"
+
+    def wrong_type(self, name: str, value: Any, kinds: tuple[type, ...], secret: bool) -> str:
+        return f"field {name!r} has the wrong type ({value!r})"
+
+    def required(self, name: str, kind: type[T], *, check: Check | None = None) -> T:
+        """The value of field `name`, of `kind` (an integer read as a float where one is
+        wanted) and passing `check`."""
+        return self.get(name, kind, required=True, check=check)
 
 
-def _optional(
-    path: str, value: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any
-) -> Any:
-    """`value[key]` checked like `_field`, or `default` when absent or null (a field added
-    after records of this kind were first written)."""
-    if value.get(key) is None:
-        return default
-    return _field(path, value, key, kind)
+def _fields(path: str, raw: bytes) -> _Fields:
+    """The fields of the JSON object stored in znode `path`."""
+    return _Fields(_load(path, raw), path)
 
 
 RESHARD_DEADLINE_S = 600.0
@@ -71,14 +82,14 @@ class NodeInfo:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> NodeInfo:
-        v = _load(path, raw)
+        v = _fields(path, raw)
         return cls(
-            host=_field(path, v, "host", str),
-            http=_field(path, v, "http", str),
-            flight=_field(path, v, "flight", str),
-            pid=_field(path, v, "pid", int),
-            version=_field(path, v, "version", str),
-            started=float(_field(path, v, "started", (int, float))),
+            host=v.required("host", str),
+            http=v.required("http", str),
+            flight=v.required("flight", str),
+            pid=v.required("pid", int),
+            version=v.required("version", str),
+            started=v.required("started", float),
         )
 
 
@@ -95,11 +106,11 @@ class ReplacingInfo:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> ReplacingInfo:
-        v = _load(path, raw)
+        v = _fields(path, raw)
         return cls(
-            since=float(_field(path, v, "since", (int, float))),
-            by=_field(path, v, "by", str),
-            reason=_field(path, v, "reason", str),
+            since=v.required("since", float),
+            by=v.required("by", str),
+            reason=v.required("reason", str),
         )
 
 
@@ -117,12 +128,12 @@ class LeaderInfo:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> LeaderInfo:
-        v = _load(path, raw)
+        v = _fields(path, raw)
         return cls(
-            node=_field(path, v, "node", str),
-            epoch=_field(path, v, "epoch", int),
-            since=float(_field(path, v, "since", (int, float))),
-            status=_field(path, v, "status", str),
+            node=v.required("node", str),
+            epoch=v.required("epoch", int),
+            since=v.required("since", float),
+            status=v.required("status", str),
         )
 
 
@@ -144,15 +155,13 @@ class FailoverRequest:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> FailoverRequest:
-        v = _load(path, raw)
-        to = v.get("to")
-        if to is not None and not isinstance(to, str):
-            raise CorruptZnodeError(f"znode {path}: field 'to' must be a node name or null")
+        v = _fields(path, raw)
+        to = v.optional("to", str, None, type_problem="field 'to' must be a node name or null")
         return cls(
-            by=_field(path, v, "by", str),
+            by=v.required("by", str),
             to=to,
-            at=float(_field(path, v, "at", (int, float))),
-            deadline=float(_field(path, v, "deadline", (int, float))),
+            at=v.required("at", float),
+            deadline=v.required("deadline", float),
         )
 
 
@@ -188,21 +197,20 @@ class PauseRecord:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> PauseRecord:
-        v = _load(path, raw)
-        held = v.get("held")
-        if held is not None and not isinstance(held, dict):
-            raise CorruptZnodeError(f"znode {path}: field 'held' must be an object or null")
+        v = _fields(path, raw)
+        held = v.optional("held", dict, None, type_problem="field 'held' must be an object or null")
+        by_term = None if held is None else _Fields(held, path)
         return cls(
-            by=_field(path, v, "by", str),
-            at=float(_field(path, v, "at", (int, float))),
-            reason=_field(path, v, "reason", str),
-            deadline=_optional(path, v, "deadline", (int, float), None),
+            by=v.required("by", str),
+            at=v.required("at", float),
+            reason=v.required("reason", str),
+            deadline=v.optional("deadline", float, None),
             held=None
-            if held is None
+            if by_term is None
             else HeldBy(
-                node=_field(path, held, "node", str),
-                epoch=_field(path, held, "epoch", int),
-                token=_field(path, held, "token", int),
+                node=by_term.required("node", str),
+                epoch=by_term.required("epoch", int),
+                token=by_term.required("token", int),
             ),
         )
 
@@ -236,12 +244,13 @@ class TaskRecord:
             spans = tuple((int(p), int(f), int(e)) for p, f, e in value.get("spans", ()))
         except (TypeError, ValueError) as exc:
             raise CorruptZnodeError(f"znode {path}: bad task 'spans' ({exc})") from None
+        v = _Fields(value, path)
         return cls(
-            key=_field(path, value, "key", str),
+            key=v.required("key", str),
             spans=spans,
-            rows=_field(path, value, "rows", int),
-            dead=_field(path, value, "dead", int),
-            digest=_field(path, value, "digest", str),
+            rows=v.required("rows", int),
+            dead=v.required("dead", int),
+            digest=v.required("digest", str),
         )
 
 
@@ -271,22 +280,22 @@ class PendingIntent:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> PendingIntent:
-        v = _load(path, raw)
-        raw_ranges = _field(path, v, "ranges", dict)
+        v = _fields(path, raw)
+        raw_ranges = v.required("ranges", dict)
         ranges: OffsetRanges = {}
         try:
             for topic, parts in raw_ranges.items():
                 ranges[topic] = {int(p): (int(r[0]), int(r[1])) for p, r in parts.items()}
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
             raise CorruptZnodeError(f"znode {path}: bad 'ranges' ({exc})") from None
-        tasks = v.get("tasks", [])
-        settings = v.get("settings", {})
-        if not isinstance(tasks, list) or not isinstance(settings, dict):
-            raise CorruptZnodeError(f"znode {path}: 'tasks' must be a list, 'settings' an object")
+        # Absent from an intent written before plans; null would be corrupt.
+        not_a_plan = "'tasks' must be a list, 'settings' an object"
+        tasks = v.get("tasks", list, [], type_problem=not_a_plan)
+        settings = v.get("settings", dict, {}, type_problem=not_a_plan)
         return cls(
-            block_id=_field(path, v, "block_id", str),
+            block_id=v.required("block_id", str),
             ranges=ranges,
-            epoch=_field(path, v, "epoch", int),
+            epoch=v.required("epoch", int),
             tasks=tuple(TaskRecord.from_json(path, t) for t in tasks),
             settings=tuple(sorted((str(k), str(val)) for k, val in settings.items())),
         )
@@ -314,13 +323,13 @@ class ReshardRequest:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> ReshardRequest:
-        v = _load(path, raw)
+        v = _fields(path, raw)
         return cls(
-            by=_field(path, v, "by", str),
-            at=float(_field(path, v, "at", (int, float))),
-            settings_version=_field(path, v, "settings_version", int),
-            shard_count=_field(path, v, "shard_count", int),
-            deadline=float(_optional(path, v, "deadline", (int, float), 0.0)),
+            by=v.required("by", str),
+            at=v.required("at", float),
+            settings_version=v.required("settings_version", int),
+            shard_count=v.required("shard_count", int),
+            deadline=v.optional("deadline", float, 0.0),
         )
 
 
@@ -338,11 +347,11 @@ class DrainedInfo:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> DrainedInfo:
-        v = _load(path, raw)
+        v = _fields(path, raw)
         return cls(
-            node=_field(path, v, "node", str),
-            epoch=_field(path, v, "epoch", int),
-            token=_field(path, v, "token", int),
+            node=v.required("node", str),
+            epoch=v.required("epoch", int),
+            token=v.required("token", int),
         )
 
 
@@ -369,6 +378,42 @@ def decode_epoch(path: str, raw: bytes) -> int:
         raise CorruptZnodeError(f"znode {path}: epoch is not an integer ({raw[:40]!r})") from None
 
 
+def _every_item(ok: Callable[[Any], bool], problem: str) -> Check:
+    """A check that every item of a list passes `ok`, else `problem`."""
+    return lambda items: None if all(ok(item) for item in items) else problem
+
+
+def _shard_lists(ok: Callable[[Any], bool], problem: str) -> Check:
+    """A check of an object that maps shard numbers to lists whose items all pass `ok`."""
+    return lambda value: (
+        None
+        if all(
+            shard.isdigit() and isinstance(items, list) and all(ok(item) for item in items)
+            for shard, items in value.items()
+        )
+        else problem
+    )
+
+
+_COLUMNS = _every_item(
+    lambda c: isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c),
+    "'columns' must be [name, type] pairs",
+)
+_META_COLUMNS = _every_item(lambda m: isinstance(m, str), "'meta_columns' must be names")
+_PARTITIONS = _shard_lists(lambda p: type(p) is int, "'partitions' must map shards to partitions")
+_ENDPOINTS = _shard_lists(
+    lambda e: isinstance(e, str), "'endpoints' must map shards to host:port lists"
+)
+
+
+def _objects(pipelines: dict[str, Any]) -> str | None:
+    """A check that every pipeline of the settings is an object."""
+    for name, p in pipelines.items():
+        if not isinstance(p, dict):
+            return f"pipeline {name!r} is not an object"
+    return None
+
+
 @dataclass(frozen=True)
 class PipelineSettings:
     """The settings of one pipeline that every node must share: what it reads, how it decodes
@@ -393,31 +438,19 @@ class PipelineSettings:
 
     @classmethod
     def decoded(cls, path: str, name: str, v: dict[str, Any]) -> PipelineSettings:
-        where = f"{path} pipeline {name!r}"
-        columns = _field(where, v, "columns", list)
-        partitions = _field(where, v, "partitions", dict)
-        meta = _field(where, v, "meta_columns", list)
-        if not all(
-            isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
-            for c in columns
-        ):
-            raise CorruptZnodeError(f"znode {where}: 'columns' must be [name, type] pairs")
-        if not all(isinstance(m, str) for m in meta):
-            raise CorruptZnodeError(f"znode {where}: 'meta_columns' must be names")
-        if not all(
-            s.isdigit() and isinstance(p, list) and all(type(x) is int for x in p)
-            for s, p in partitions.items()
-        ):
-            raise CorruptZnodeError(f"znode {where}: 'partitions' must map shards to partitions")
+        fields = _Fields(v, f"{path} pipeline {name!r}")
+        columns = fields.required("columns", list, check=_COLUMNS)
+        partitions = fields.required("partitions", dict, check=_PARTITIONS)
+        meta = fields.required("meta_columns", list, check=_META_COLUMNS)
         return cls(
-            topic=_field(where, v, "topic", str),
-            table=_field(where, v, "table", str),
+            topic=fields.required("topic", str),
+            table=fields.required("table", str),
             columns=tuple((c[0], c[1]) for c in columns),
             meta_columns=tuple(meta),
-            format=_field(where, v, "format", str),
-            on_error=_field(where, v, "on_error", str),
-            max_message_bytes=_field(where, v, "max_message_bytes", int),
-            transform=_field(where, v, "transform", str),
+            format=fields.required("format", str),
+            on_error=fields.required("on_error", str),
+            max_message_bytes=fields.required("max_message_bytes", int),
+            transform=fields.required("transform", str),
             partitions={int(s): tuple(p) for s, p in partitions.items()},
         )
 
@@ -457,20 +490,12 @@ class ClusterSettings:
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> ClusterSettings:
-        v = _load(path, raw)
-        endpoints = _field(path, v, "endpoints", dict)
-        if not all(
-            s.isdigit() and isinstance(e, list) and all(isinstance(x, str) for x in e)
-            for s, e in endpoints.items()
-        ):
-            raise CorruptZnodeError(f"znode {path}: 'endpoints' must map shards to host:port lists")
-        pipelines = _field(path, v, "pipelines", dict)
-        for name, p in pipelines.items():
-            if not isinstance(p, dict):
-                raise CorruptZnodeError(f"znode {path}: pipeline {name!r} is not an object")
+        v = _fields(path, raw)
+        endpoints = v.required("endpoints", dict, check=_ENDPOINTS)
+        pipelines = v.required("pipelines", dict, check=_objects)
         return cls(
-            shard_count=_field(path, v, "shard_count", int),
-            engine=_field(path, v, "engine", str),
+            shard_count=v.required("shard_count", int),
+            engine=v.required("engine", str),
             endpoints={int(s): tuple(e) for s, e in endpoints.items()},
             pipelines={
                 name: PipelineSettings.decoded(path, name, p) for name, p in pipelines.items()

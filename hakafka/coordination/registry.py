@@ -118,7 +118,7 @@ class Registry:
         """Every child of `parent` decoded (children deleted meanwhile are left out)."""
         found: dict[str, R] = {}
         for name in self._session.children(parent):
-            path = f"{parent}/{name}"
+            path = paths.child(parent, name)
             got = self._session.get(path)
             if got is not None:
                 found[name] = decode(path, got[0])

@@ -78,7 +78,7 @@ class ReshardStore:
         Leaders that drained resume consuming."""
         for _ in range(_ABORT_ATTEMPTS):
             for name in self._session.children(paths.RESHARD):
-                self._session.delete(f"{paths.RESHARD}/{name}")
+                self._session.delete(paths.child(paths.RESHARD, name))
             try:
                 aborted = self._session.delete(paths.RESHARD)
             except NotEmptyError:
@@ -104,7 +104,7 @@ class ReshardStore:
         """The shards whose leader reported drained, by shard."""
         found: dict[int, DrainedInfo] = {}
         for name in self._session.children(paths.RESHARD):
-            path = f"{paths.RESHARD}/{name}"
+            path = paths.child(paths.RESHARD, name)
             got = self._session.get(path)
             if name.isdigit() and got is not None:
                 found[int(name)] = DrainedInfo.decode(path, got[0])

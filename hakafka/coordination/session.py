@@ -30,6 +30,7 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
+from hakafka.coordination import paths
 from hakafka.coordination.errors import (
     CoordinationError,
     OpenAclError,
@@ -307,8 +308,7 @@ class ZkSession:
                     changed += 1
             except NoNodeError:
                 continue  # an ephemeral that ended meanwhile
-            base = path.rstrip("/")
-            pending += [f"{base}/{child}" for child in self.children(path)]
+            pending += [paths.child(path, name) for name in self.children(path)]
         log.info("zookeeper.acl_restricted", root=self.config.root, changed=changed)
         return changed
 

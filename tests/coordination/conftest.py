@@ -32,6 +32,7 @@ from hakafka.coordination import (
     Resumed,
     Suspended,
     ZkConfig,
+    paths,
 )
 
 CANDIDATE = Path(__file__).with_name("coord_candidate.py")
@@ -461,9 +462,9 @@ class LeaderWatcher:
     def __init__(self, hosts: str, root: str, shard: int = 0) -> None:
         self.client = KazooClient(hosts=hosts, timeout=10.0)
         self.client.start(timeout=10)
-        self.client.ensure_path(f"{root}/shards/{shard}")
+        self.client.ensure_path(f"{root}{paths.shard(shard)}")
         self.seen: list[tuple[float, str | None, int | None]] = []
-        DataWatch(self.client, f"{root}/shards/{shard}/leader", self._changed)
+        DataWatch(self.client, f"{root}{paths.leader(shard)}", self._changed)
 
     def _changed(self, data: bytes | None, _stat: Any) -> None:
         if data is None:

@@ -15,6 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from devstack.process import wait_until
+from hakafka.coordination import paths
 from hakafka.coordination.errors import NodeIdTakenError, OpenAclError
 
 AUTH = ("hakafka", "s3cret")
@@ -61,10 +62,10 @@ def test_an_open_root_warns_require_acl_refuses_and_restrict_acl_closes_it(
     anonymous.start(timeout=10)
     try:
         for write in (
-            lambda: anonymous.set(f"{zk_root}/shards/0/epoch", b"7"),
+            lambda: anonymous.set(f"{zk_root}{paths.epoch(0)}", b"7"),
             lambda: anonymous.create(f"{zk_root}/nodes/intruder", b"{}"),
             lambda: anonymous.delete(f"{zk_root}/nodes/n1"),
-            lambda: anonymous.get(f"{zk_root}/shards/0/epoch"),
+            lambda: anonymous.get(f"{zk_root}{paths.epoch(0)}"),
         ):
             with pytest.raises(NoAuthError):
                 write()
@@ -102,7 +103,7 @@ def test_a_node_id_held_by_a_live_session_is_refused_not_taken_over(
     # It waited for a previous session to end (it may be a restart), and no longer.
     expiry = config.session_timeout_s + config.request_timeout_s
     assert expiry <= took < expiry + 3 * config.request_timeout_s, took
-    stat = first._session.exists("/nodes/n1")
+    stat = first._session.exists(paths.node("n1"))
     assert stat is not None and stat.ephemeralOwner == owner
     assert list(first.nodes()) == ["n1"]
 
@@ -113,7 +114,7 @@ def test_a_restart_before_the_old_session_expired_registers_once_it_ends(
 ) -> None:
     crashed = candidates("n1")  # registers nodes/n1 in a process of its own
     watcher = coordinators("watcher", register=False)
-    before = watcher._session.exists("/nodes/n1")
+    before = watcher._session.exists(paths.node("n1"))
     assert before is not None and before.ephemeralOwner != 0
     crashed.signal(signal.SIGKILL)  # its session lives on until ZooKeeper expires it
     restarted = coordinators("n1", register=False)
@@ -122,6 +123,6 @@ def test_a_restart_before_the_old_session_expired_registers_once_it_ends(
     took = time.monotonic() - started
     config = restarted.config
     assert took < config.session_timeout_s + config.request_timeout_s, took
-    after = watcher._session.exists("/nodes/n1")
+    after = watcher._session.exists(paths.node("n1"))
     assert after is not None
     assert after.ephemeralOwner == restarted._session.session_id != before.ephemeralOwner

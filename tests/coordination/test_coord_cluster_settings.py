@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from hakafka.config import Config
-from hakafka.coordination import ClusterSettings, SettingsStore
+from hakafka.coordination import ClusterSettings, SettingsStore, paths
 from hakafka.coordination.errors import CorruptZnodeError
 from hakafka.drift import agree, cluster_settings, compare
 from tests.helpers.configs import SETTINGS_BASE, config, edited
@@ -29,7 +29,7 @@ def test_the_record_round_trips_through_its_json() -> None:
         config({'name = "orders"': 'name = "orders"\npartitions = {0 = [0, 2], 1 = [1]}'})
     )
     raw = settings.encode()
-    assert ClusterSettings.decode("/settings", raw) == settings
+    assert ClusterSettings.decode(paths.SETTINGS, raw) == settings
     value = json.loads(raw)
     assert value["endpoints"] == {"0": ["10.0.0.1:8123"], "1": ["10.0.0.2:8123"]}
     assert value["pipelines"]["orders"]["columns"] == [["id", "Int64"], ["amount", "Float64"]]
@@ -56,7 +56,7 @@ def test_a_damaged_record_is_refused_naming_what_is_wrong(damage: Any, message: 
     value = json.loads(cluster_settings(config()).encode())
     damage(value)
     with pytest.raises(CorruptZnodeError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        ClusterSettings.decode("/settings", json.dumps(value).encode())
+        ClusterSettings.decode(paths.SETTINGS, json.dumps(value).encode())
 
 
 def test_settings_that_may_differ_per_node_are_not_compared() -> None:

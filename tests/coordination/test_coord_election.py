@@ -19,6 +19,7 @@ from hakafka.coordination import (
     Leadership,
     LeadershipEvent,
     LeadershipState,
+    paths,
 )
 
 ELECT_TIMEOUT_S = 10.0
@@ -121,10 +122,12 @@ def test_replacing_node_never_leads_and_leadership_moves_off_it(
     raw = KazooClient(hosts=coordinators.hosts, timeout=10.0)
     raw.start(timeout=10)
     try:
-        stale = raw.create(f"{zk_root}/shards/0/election/n_", b"n1", ephemeral=True, sequence=True)
+        stale = raw.create(
+            f"{zk_root}{paths.candidate_prefix(0)}", b"n1", ephemeral=True, sequence=True
+        )
         made, joined = stand(coordinators, ["n1", "n2", "n3"], log, one_leader)
         assert leader(joined) == "n2"
-        children = sorted(raw.get_children(f"{zk_root}/shards/0/election"))
+        children = sorted(raw.get_children(f"{zk_root}{paths.election(0)}"))
         assert children[0] == stale.rsplit("/", 1)[1]
         assert len(children) == 3, "n1's own coordinator must not stand while flagged"
 
@@ -143,7 +146,7 @@ def test_replacing_node_never_leads_and_leadership_moves_off_it(
         # Cleared: n2 stands again and takes over when n3 resigns; n1 still never leads.
         assert ops.clear_replacing("n2") is True
         wait_until(
-            lambda: len(raw.get_children(f"{zk_root}/shards/0/election")) == 3,
+            lambda: len(raw.get_children(f"{zk_root}{paths.election(0)}")) == 3,
             timeout=3.0,
             what="n2 standing again",
         )
@@ -185,12 +188,12 @@ def test_failover_to_lands_on_the_requested_node(
     wait_until(lambda: sees_leader(ops, "n3"), timeout=2.0, what="n3 in the leader znode")
     # The request is gone and the others stand again.
     wait_until(
-        lambda: made["n2"]._session.exists("/shards/0/failover") is None,
+        lambda: made["n2"]._session.exists(paths.failover(0)) is None,
         timeout=3.0,
         what="request deleted",
     )
     wait_until(
-        lambda: len(made["n2"]._session.children("/shards/0/election")) == 3,
+        lambda: len(made["n2"]._session.children(paths.election(0))) == 3,
         timeout=3.0,
         what="all three standing again",
     )
@@ -200,7 +203,7 @@ def test_failover_to_lands_on_the_requested_node(
     new = wait_new_leader(joined, "n3", 5.0)
     assert new in ("n1", "n2")
     wait_until(
-        lambda: ops._session.exists("/shards/0/failover") is None,
+        lambda: ops._session.exists(paths.failover(0)) is None,
         timeout=3.0,
         what="request deleted",
     )
@@ -229,7 +232,7 @@ def test_failover_refusals_name_the_node_and_why(
         ops.request_failover(0, to="n2")
     with pytest.raises(FailoverRefused, match=r"node n9 is not a candidate of shard 0"):
         ops.request_failover(0, to=outsider.node_id)
-    assert ops._session.exists("/shards/0/failover") is None
+    assert ops._session.exists(paths.failover(0)) is None
     assert leader(joined) == "n1"
     one_leader.assert_never_two()
 
@@ -250,17 +253,17 @@ def test_failover_target_that_does_not_take_over_times_out(
     with pytest.raises(FailoverRefused, match="already pending"):
         ops.request_failover(0, to="n2")
     wait_until(
-        lambda: len(ops._session.children("/shards/0/election")) == 2,
+        lambda: len(ops._session.children(paths.election(0))) == 2,
         timeout=3.0,
         what="n2 stepping aside (only n1 and n3 stand)",
     )
     wait_until(
-        lambda: ops._session.exists("/shards/0/failover") is None,
+        lambda: ops._session.exists(paths.failover(0)) is None,
         timeout=5.0,
         what="expired request deleted by the leader",
     )
     wait_until(
-        lambda: len(ops._session.children("/shards/0/election")) == 3,
+        lambda: len(ops._session.children(paths.election(0))) == 3,
         timeout=3.0,
         what="n2 standing again",
     )
@@ -279,8 +282,8 @@ def test_leader_status_and_leave(leadership_log: Any, coordinators: Any, one_lea
     made["n1"].leave(0)
     assert wait_new_leader(joined, "n1", 2.0) == "n2"
     assert joined["n1"].state is LeadershipState.FOLLOWER
-    assert made["n2"]._session.children("/shards/0/election") != []
-    assert len(made["n2"]._session.children("/shards/0/election")) == 1
+    assert made["n2"]._session.children(paths.election(0)) != []
+    assert len(made["n2"]._session.children(paths.election(0))) == 1
     assert set(made["n2"].nodes()) == {"n1", "n2"}
     assert made["n2"].nodes()["n1"].http == "http://127.0.0.1:1/n1"
     one_leader.assert_never_two()

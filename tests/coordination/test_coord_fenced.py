@@ -8,7 +8,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from devstack.process import wait_until
-from hakafka.coordination import FencedError, PendingIntent
+from hakafka.coordination import FencedError, PendingIntent, paths
 from hakafka.coordination.fenced import CheckpointRegressionError
 
 
@@ -55,7 +55,7 @@ def test_stale_epoch_gets_fenced_error_and_changes_nothing(
     raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
     raw.start(timeout=10)
     try:
-        raw.set(f"{zk_root}/shards/0/epoch", b"99")
+        raw.set(f"{zk_root}{paths.epoch(0)}", b"99")
         with pytest.raises(FencedError) as refused:
             fenced.commit_checkpoint("p", {"t": {0: 20}})
         message = str(refused.value)
@@ -64,8 +64,8 @@ def test_stale_epoch_gets_fenced_error_and_changes_nothing(
         assert f"found epoch version {fenced.token + 1} (epoch 99)" in message
         with pytest.raises(FencedError, match="write_pending"):
             fenced.write_pending("p", PendingIntent("b3", {"t": {0: (20, 30)}}, fenced.epoch))
-        checkpoint, _ = raw.get(f"{zk_root}/shards/0/pipelines/p/checkpoint")
-        pending, _ = raw.get(f"{zk_root}/shards/0/pipelines/p/pending")
+        checkpoint, _ = raw.get(f"{zk_root}{paths.checkpoint(0, 'p')}")
+        pending, _ = raw.get(f"{zk_root}{paths.pending(0, 'p')}")
     finally:
         raw.stop()
         raw.close()
@@ -94,7 +94,7 @@ def test_not_leading_has_no_fenced_state(coordinators: Any, one_leader: Any) -> 
     follower = coordinators("n2").join(0)
     one_leader.add_leadership("n2", follower)
     wait_until(
-        lambda: len(coordinators.made[1]._session.children("/shards/0/election")) == 2,
+        lambda: len(coordinators.made[1]._session.children(paths.election(0))) == 2,
         timeout=5,
         what="n2 standing",
     )
@@ -129,7 +129,7 @@ def test_the_monotonic_check_holds_against_a_write_between_read_and_commit(
 ) -> None:
     fenced = lead(coordinators).fenced()
     fenced.commit_checkpoint("p", {"t": {0: 100}})
-    path = f"{zk_root}/shards/0/pipelines/p/checkpoint"
+    path = f"{zk_root}{paths.checkpoint(0, 'p')}"
     raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
     raw.start(timeout=10)
     session = fenced._session

@@ -13,7 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from devstack.process import wait_until
-from hakafka.coordination import LeadershipState
+from hakafka.coordination import LeadershipState, paths
 
 SESSION_TIMEOUT_S = 2.0
 
@@ -111,8 +111,8 @@ def test_leader_frozen_past_its_session_is_fenced_after_resuming(
     raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
     raw.start(timeout=10)
     try:
-        data, _ = raw.get(f"{zk_root}/shards/0/pipelines/p/checkpoint")
-        leader, _ = raw.get(f"{zk_root}/shards/0/leader")
+        data, _ = raw.get(f"{zk_root}{paths.checkpoint(0, 'p')}")
+        leader, _ = raw.get(f"{zk_root}{paths.leader(0)}")
     finally:
         raw.stop()
         raw.close()

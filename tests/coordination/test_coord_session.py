@@ -24,6 +24,7 @@ from hakafka.coordination import (
     Suspended,
     ZkConfig,
     ZooKeeperUnavailableError,
+    paths,
 )
 
 
@@ -50,7 +51,7 @@ def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
     second = n2.join(0, on_change=leadership_log.callback("n2"))
     one_leader.add_leadership("n2", second)
     wait_until(
-        lambda: len(n2._session.children("/shards/0/election")) == 2, timeout=5, what="n2 standing"
+        lambda: len(n2._session.children(paths.election(0))) == 2, timeout=5, what="n2 standing"
     )
     old_session = n1._session.session_id
     expire_session(zookeeper_ensemble.hosts, n1)
@@ -69,10 +70,10 @@ def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
         what="n1 reconnected with a new session",
     )
     wait_until(lambda: "n1" in n2.nodes(), timeout=5, what="nodes/n1 re-created")
-    stat = n2._session.exists("/nodes/n1")
+    stat = n2._session.exists(paths.node("n1"))
     assert stat is not None and stat.ephemeralOwner == n1._session.session_id
     wait_until(
-        lambda: len(n2._session.children("/shards/0/election")) == 2,
+        lambda: len(n2._session.children(paths.election(0))) == 2,
         timeout=5,
         what="n1 standing again",
     )
@@ -100,7 +101,7 @@ def test_digest_acl_keeps_other_clients_out_and_root_is_a_chroot(
     right.start(timeout=10)
     try:
         # Everything lives under the root (the chroot)...
-        data, _ = right.get(f"{zk_root}/shards/0/leader")
+        data, _ = right.get(f"{zk_root}{paths.leader(0)}")
         assert b'"node":"n1"' in data
         assert right.get_children(f"{zk_root}/nodes") == ["n1"]
         # ...and only the configured user may read or change it (the root's parent, shared
@@ -110,9 +111,9 @@ def test_digest_acl_keeps_other_clients_out_and_root_is_a_chroot(
         anonymous.ensure_path(f"{zk_root}-neighbour")
         for client in (anonymous, wrong):
             with pytest.raises(NoAuthError):
-                client.get(f"{zk_root}/shards/0/leader")
+                client.get(f"{zk_root}{paths.leader(0)}")
             with pytest.raises(NoAuthError):
-                client.set(f"{zk_root}/shards/0/epoch", b"7")
+                client.set(f"{zk_root}{paths.epoch(0)}", b"7")
     finally:
         for client in (anonymous, wrong, right):
             client.stop()

@@ -90,7 +90,7 @@ def test_a_lost_reply_to_the_candidate_create_leaves_no_second_candidate(
 ) -> None:
     coordinators("n0").init_paths([0])  # the layout exists: the only create left is the candidate
     n1 = coordinators("n1", hosts=proxy.hosts, session_timeout_s=6.0)
-    proxy.drop_reply_to(Op.CREATE, path="/election/")
+    proxy.drop_reply_to(Op.CREATE, path=paths.candidate_prefix(0))
     leadership = n1.join(0)
     assert proxy.dropped_event.wait(10), "n1 never created its candidate"
 
@@ -127,7 +127,7 @@ def test_a_resignation_whose_request_is_lost_is_retried_until_it_lands(
     if how == "leave":
         wait_until(lambda: first.left, timeout=TAKEOVER_S, what="n1's leave confirmed")
         names = reader.get_children(paths.election(0))
-        assert all(reader.get(f"{paths.election(0)}/{n}")[0] == b"n2" for n in names), names
+        assert all(reader.get(paths.candidate(0, n))[0] == b"n2" for n in names), names
     else:
         wait_until(
             lambda: len(reader.get_children(paths.election(0))) == 2,
