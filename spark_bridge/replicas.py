@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import structlog
 
+from retry_policy import Backoff
 from spark_bridge.connection import Connection
 
 log = structlog.get_logger("spark_bridge.replicas")
@@ -29,7 +30,8 @@ class Replica:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounds for writing one block: attempts, total time, backoff, health-check timeout."""
+    """Bounds for writing one block: attempts, total time, backoff (the project's one
+    `retry_policy.Backoff`, without jitter), health-check timeout."""
 
     max_attempts: int = 4
     time_budget: float = 120.0
@@ -39,7 +41,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
-        return float(min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1)))
+        return Backoff(self.backoff_initial, self.backoff_max).delay(attempt)
 
 
 class NoWritableReplicaError(Exception):

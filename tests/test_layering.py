@@ -26,7 +26,7 @@ import pytest
 
 from tests.source_imports import ROOT, imports, module_of, source_files, within
 
-SHIPPED = ("hakafka", "wal", "buffer", "spark_bridge")
+SHIPPED = ("hakafka", "wal", "buffer", "spark_bridge", "retry_policy")
 # Files that may import devstack: the dev tooling itself, its tests and the benchmarks.
 DEV = ("devstack", "tests", "bench")
 
@@ -40,8 +40,8 @@ ON_BOTTOM = (
     "hakafka.drift",
     "hakafka.table_columns",
 )
-# ... and these three on nothing of hakafka; the bottom layer may use them.
-BASE = ("hakafka.logs", "hakafka.faults", "hakafka.sdnotify")
+# ... and these on nothing of hakafka; the bottom layer may use them.
+BASE = ("hakafka.logs", "hakafka.faults", "hakafka.sdnotify", "hakafka.typed_reader")
 ABOVE_FOUNDATION = (PIPELINE, DAEMON, OPS, CLI)
 
 # Every part of hakafka and the parts it must never import.

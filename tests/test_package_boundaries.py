@@ -1,4 +1,5 @@
-"""`wal`, `buffer` and `spark_bridge` stand alone: none imports `hakafka` (docs/DESIGN.md).
+"""`wal`, `buffer`, `spark_bridge` and `retry_policy` stand alone: none imports `hakafka`
+(docs/DESIGN.md).
 And no test module imports another: what tests share is in tests/helpers."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 from tests.fresh import fresh_python
 from tests.source_imports import ROOT, imports, module_of, source_files, within
 
-PACKAGES = ["wal", "buffer", "spark_bridge"]
+PACKAGES = ["wal", "buffer", "spark_bridge", "retry_policy"]
 
 
 def modules(package: str) -> list[str]:
@@ -24,7 +25,7 @@ def modules(package: str) -> list[str]:
 def test_importing_the_package_loads_no_hakafka_module(package: str) -> None:
     # A fresh interpreter: this one has hakafka loaded already (tests/conftest.py).
     names = modules(package)
-    assert package in names and len(names) > 1
+    assert package in names
     code = (
         f"import {', '.join(names)}; import sys; "
         "print(sorted(m for m in sys.modules if m == 'hakafka' or m.startswith('hakafka.')))"

@@ -22,28 +22,21 @@ term's pipelines run in drain mode: they commit everything they hold and consume
 once all are drained the shard reports it in `/reshard/<shard>` (fenced by the term), and
 holds its leadership idle until the reshard ends (`reshard(False)`: consume again).
 
-A pause with a deadline (made by `offsets set` or `pending drop` for their own duration) is
-resumed by the leader once the deadline passes (`pipeline.pause_expired`): the command
-died half-way. A pipeline ops paused (`hakafka pipeline pause`, `shards/<s>/paused/<pipeline>`,
-watched here) does not run in any term: it stops (a flush in flight may finish within the grace),
-and the leader records in the flag that it stopped in its term, which lets ops move its
-offsets or drop its pending block. Resumed, it starts like a new term's pipeline (recovery
-from checkpoint, pending intent and WAL). Drain mode ignores pauses: a reshard needs every
-pipeline to commit what it holds, and a drained pipeline consumes nothing anyway.
+A pipeline ops paused (`hakafka pipeline pause`, `shards/<s>/paused/<pipeline>`, watched
+here) does not run in any term: it stops (a flush in flight may finish within the grace), and
+the leader records in the flag that it stopped in its term, which lets ops move its offsets or
+drop its pending block; a pause whose deadline passed is resumed (`pause_expiry`). Resumed,
+it starts like a new term's pipeline (recovery from checkpoint, pending intent and WAL). Drain
+mode ignores pauses: a reshard needs every pipeline to commit what it holds, and a drained
+pipeline consumes nothing anyway.
 
-A pipeline that fails while the term holds (the broker or ClickHouse away during recovery, a
-flush that cannot land) is restarted within the same term after a growing delay (1 s, 2 s,
-4 s, ... 30 s), as Flink's exponential-delay restart strategy does: a transient outage heals
-without ops, and `status` shows the error and the restart count meanwhile. A bad message under
-`on_error = "fail"` is not retried: the pipeline stays failed (the node unhealthy, the systemd
-watchdog unfed) until ops act.
+A pipeline that fails while the term holds is restarted within the term after a growing
+delay, and a leader that keeps failing hands the shard over (`leader.handing_over`, or
+`leader.no_one_to_hand_over_to` when it is the last candidate): see `restarts`.
 
-A leader that keeps failing hands the shard over, as HaKafka yields to a healthier replica:
-after `HandoverPolicy.failures` failed runs of a pipeline within its window, or at once for a
-failure of this node's own disk (its `data_dir` or WAL directory), it stops its pipelines,
-leaves the election (`leader.handing_over`, with the reason) and stands again only after the
-policy's cool-down. It does so only while another node stands in the shard: the
-last candidate keeps the shard and keeps restarting (`leader.no_one_to_hand_over_to`).
+What a term holds here (its pipelines, their restarts, which pauses it acknowledged, its
+drained report) is one `Term`, made when the term's pipelines start and dropped when they
+stop, so nothing of one term leaks into the next.
 """
 
 from __future__ import annotations
@@ -73,26 +66,26 @@ from hakafka.coordination import (
     Resumed,
     Suspended,
 )
+from hakafka.daemon.announce import announce_consuming
+from hakafka.daemon.pause_expiry import PauseExpiry
+from hakafka.daemon.restarts import (
+    RESTART_BACKOFF,
+    RESTART_RESET_S,
+    Cooldown,
+    HandoverPolicy,
+    Restarts,
+)
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineState
 
 log = structlog.get_logger("hakafka.shard")
 
-RECOVERY_TIMEOUT_S = 300.0
 # An ops failover lets a flush in flight finish for this long, then abandons it: the flush is
 # idempotent and its pending intent makes the next leader flush the same block again.
 HANDOVER_GRACE_S = 0.5
 SUPERVISE_EVERY_S = 0.5
-RESTART_DELAY_S = (1.0, 30.0)  # first and largest delay before restarting a failed pipeline
-RESTART_RESET_S = 600.0  # a pipeline that ran this long since its last restart starts over at 1 s
-PAUSE_CHECK_S = 2.0  # how often a leader reads its pause flags for a passed deadline
+DEFAULT_HANDOVER = HandoverPolicy()
 _STOP = object()
-
-
-def restart_delay(attempt: int) -> float:
-    """Seconds to wait before restart number `attempt` (1-based): 1, 2, 4, ... at most 30."""
-    first, largest = RESTART_DELAY_S
-    return float(min(largest, first * 2 ** min(attempt - 1, 16)))
 
 
 @dataclass(frozen=True)
@@ -118,34 +111,22 @@ class _Pauses:
 
 
 @dataclass
-class _Restarts:
-    """Restart bookkeeping of one pipeline (its failures are kept across terms)."""
+class Term:
+    """The pipelines this node runs for a term it leads, and what it keeps about them: made
+    when they start (at election, again when a reshard switches their mode), dropped when
+    they stop (the term lost, handed over or withdrawn, a mode switch, shutdown)."""
 
-    count: int = 0
-    last_at: float | None = None
-    failed_at: float | None = None
-    failures: list[float] = field(default_factory=list)  # monotonic times, within the window
-
-
-@dataclass(frozen=True)
-class HandoverPolicy:
-    """When a failing leader hands its shard over, and for how long it then stays out."""
-
-    failures: int = 3
-    """Failed runs of one pipeline within `window_s` that hand the shard over."""
-    window_s: float = 300.0
-    cooldown_s: float = 60.0
-    """How long a node that handed a shard over stays out of its election."""
-
-
-@dataclass(frozen=True)
-class Cooldown:
-    """This node handed the shard over: it stands again at `until` (monotonic time)."""
-
-    until: float
-    reason: str
-    at: float = field(default_factory=time.time)
-    """Unix time of the hand-over."""
+    since: float
+    """Unix time the pipelines started."""
+    pipelines: list[PipelineLeader]
+    restarts: dict[str, Restarts] = field(default_factory=dict)
+    """Per pipeline: its restarts in this term (the delays start over in each)."""
+    acknowledged: set[str] = field(default_factory=set)
+    """Paused pipelines whose flag records that they stopped in this term."""
+    resumed: set[str] = field(default_factory=set)
+    """Pipelines ops resumed that have not started yet (the term was suspended)."""
+    drained_reported: bool = False
+    """The reshard in progress has this term's drained report (`/reshard/<shard>`)."""
 
 
 class ShardRunner:
@@ -166,7 +147,7 @@ class ShardRunner:
         flush_grace_s: float,
         stuck_after_s: float,
         warm_up: Callable[[], object] | None = None,
-        handover: HandoverPolicy = HandoverPolicy(),
+        handover: HandoverPolicy = DEFAULT_HANDOVER,
     ) -> None:
         self.shard = shard
         self._coordinator, self._make_pipelines = coordinator, make_pipelines
@@ -181,23 +162,21 @@ class ShardRunner:
         self._events: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"shard-{shard}", daemon=True)
         self.leadership: Leadership | None = None
-        self.pipelines: list[PipelineLeader] = []
-        self.leading_since: float | None = None
-        self._restarts: dict[str, _Restarts] = {}
+        self.term: Term | None = None
+        """The term this node leads the shard in, while its pipelines run here."""
+        # Per pipeline: monotonic times of its failures in the hand-over window, across terms.
+        self._failures: dict[str, list[float]] = {}
         self._wanted = _Candidacy(stand=False, reason="not started")
         self.standing = False
         """True while this node is a candidate (or the leader) of the shard."""
         self._draining = False  # a reshard is in progress: pipelines drain, then hold
         self._reshard: str | None = None  # the id of that reshard
-        self._drained_reported = False  # this term's drained report for it is written
         self.cooldown: Cooldown | None = None
         """Set while this node stays out of the election after handing the shard over."""
         self.paused: frozenset[str] = frozenset()
         """The pipelines ops paused in this shard (they run in no term)."""
-        self._acknowledged: set[str] = set()  # paused pipelines this term reported stopped
-        self._pauses_checked = 0.0  # monotonic time the pause deadlines were last read
-        self._resumed: set[str] = set()  # resumed by ops, not started yet (term suspended)
         self._log = log.bind(shard=shard)
+        self._pause_expiry = PauseExpiry(coordinator.pauses, shard, self._log)
         self._handover = handover
 
     def start(self) -> None:
@@ -241,7 +220,19 @@ class ShardRunner:
     @property
     def leading(self) -> bool:
         """True while a term of this node runs here (its pipelines may all be paused)."""
-        return self.leading_since is not None
+        return self.term is not None
+
+    @property
+    def leading_since(self) -> float | None:
+        """Unix time the term's pipelines started; None while no term runs here."""
+        term = self.term
+        return None if term is None else term.since
+
+    @property
+    def pipelines(self) -> list[PipelineLeader]:
+        """The pipelines of the term running here ([] when none runs)."""
+        term = self.term
+        return [] if term is None else term.pipelines
 
     def healthy(self) -> bool:
         """False if the shard's event thread died or a pipeline failed, stopped or is stuck
@@ -327,21 +318,21 @@ class ShardRunner:
             return  # suspended or over: the next event decides
         self._report_drained(self.leadership)
         self._acknowledge_pauses(self.leadership)
-        self._expire_pauses(now)
-        for index, p in enumerate(self.pipelines):
+        self._pause_expiry.check(self.paused, now)
+        if (term := self.term) is None:
+            return
+        for index, p in enumerate(term.pipelines):
             if p.running or not p.status.restartable or p.status.state is PipelineState.DRAINED:
                 continue
             name = p.config.name
-            restarts = self._restarts.setdefault(name, _Restarts())
+            restarts = term.restarts.setdefault(name, Restarts())
             if restarts.last_at is not None and now - restarts.last_at > RESTART_RESET_S:
                 restarts.count = 0
-            delay = restart_delay(restarts.count + 1)
+            delay = RESTART_BACKOFF.delay(restarts.count + 1)
             if restarts.failed_at is None:
                 restarts.failed_at = now
-                window = self._handover.window_s
-                restarts.failures = [t for t in restarts.failures if now - t < window]
-                restarts.failures.append(now)
-                if self._hand_over_if_failing(p, len(restarts.failures)):
+                failures = self._handover.count(self._failures.setdefault(name, []), now)
+                if self._hand_over_if_failing(p, failures):
                     return
                 self._log.warning(
                     "pipeline.restart_scheduled",
@@ -352,21 +343,15 @@ class ShardRunner:
                 )
             if now - restarts.failed_at < delay:
                 continue
-            if not self._restart(index, restarts):
+            if not self._restart(term, index, restarts):
                 return
 
     def _hand_over_if_failing(self, failed: PipelineLeader, failures: int) -> bool:
         """Leave the election for the policy's cool-down if `failed` failed on this node's
         disk or `failures` times in the window, and another node stands; True if it did."""
-        name, status, policy = failed.config.name, failed.status, self._handover
-        if status.local_fault:
-            reason = f"pipeline {name} failed on this node's disk: {status.error}"
-        elif failures >= policy.failures:
-            reason = (
-                f"pipeline {name} failed {failures} times in {policy.window_s:.0f} s, "
-                f"last: {status.error}"
-            )
-        else:
+        policy = self._handover
+        reason = policy.reason(failed.config.name, failed.status, failures)
+        if reason is None:
             return False
         me = self._coordinator.node_id
         others = [n for n in self._coordinator.candidates(self.shard) if n != me]
@@ -386,8 +371,8 @@ class ShardRunner:
     def _set_draining(self, request: str | None) -> None:
         """Restart the term's pipelines in the mode a reshard wants (shard thread only). A
         suspended term restarts them when resumed."""
-        if request != self._reshard:
-            self._drained_reported = False  # another reshard: report to it
+        if request != self._reshard and self.term is not None:
+            self.term.drained_reported = False  # another reshard: report to it
         self._reshard = request
         active = request is not None
         if active == self._draining:
@@ -405,88 +390,70 @@ class ShardRunner:
         Outside a term, or in drain mode, only the set is kept: the next start applies it."""
         paused, resumed = names - self.paused, self.paused - names
         self.paused = names
-        self._acknowledged &= names
-        self._resumed = (self._resumed | resumed) - names
         for name in sorted(paused):
             self._log.warning("pipeline.paused_by_ops", pipeline=name)
         for name in sorted(resumed):
             self._log.info("pipeline.resumed_by_ops", pipeline=name)
-        leadership = self.leadership
-        if not self.leading or self._draining or leadership is None:
+        term, leadership = self.term, self.leadership
+        if term is None or leadership is None:
             return
-        stopping = [p for p in self.pipelines if p.config.name in paused]
-        self.pipelines = [p for p in self.pipelines if p.config.name not in paused]
+        term.acknowledged &= names
+        term.resumed = (term.resumed | resumed) - names
+        if self._draining:
+            return
+        stopping = [p for p in term.pipelines if p.config.name in paused]
+        term.pipelines = [p for p in term.pipelines if p.config.name not in paused]
         for p in stopping:
             clean = p.stop(self._grace)
             self._log.info(
                 "pipeline.stopped_by_shard", pipeline=p.config.name, reason="paused", clean=clean
             )
         if leadership.state is LeadershipState.LEADER:  # suspended: Resumed starts them
-            self._start_resumed(leadership)
+            self._start_resumed(leadership, term)
             self._acknowledge_pauses(leadership)
 
-    def _start_resumed(self, leadership: Leadership) -> None:
-        """Start the pipelines ops resumed during this term."""
-        for name in sorted(self._resumed):
+    def _start_resumed(self, leadership: Leadership, term: Term) -> None:
+        """Start the pipelines ops resumed during `term`."""
+        for name in sorted(term.resumed):
             try:
                 (pipeline,) = self._make_pipelines(leadership, name, False)
             except FencedError as exc:
                 self._log.warning("leader.term_already_over", error=str(exc))
                 return
-            self._resumed.discard(name)
-            self.pipelines.append(pipeline)
+            term.resumed.discard(name)
+            term.pipelines.append(pipeline)
             pipeline.start()
 
     def _acknowledge_pauses(self, leadership: Leadership) -> None:
         """Record in each pause flag that its pipeline stopped in this term (once per term)."""
-        if not self.leading or self._draining:
+        term = self.term
+        if term is None or self._draining:
             return
-        running = {p.config.name for p in self.pipelines}
+        running = {p.config.name for p in term.pipelines}
         epoch, token = leadership.epoch, leadership.token
         if epoch is None or token is None:
             return
         held = HeldBy(self._coordinator.node_id, epoch, token)
-        for name in sorted(self.paused - running - self._acknowledged):
+        for name in sorted(self.paused - running - term.acknowledged):
             try:
                 self._coordinator.pauses.acknowledge(self.shard, name, held)
             except CoordinationError as exc:  # retried at the next supervision
                 self._log.warning("pipeline.pause_unacknowledged", pipeline=name, error=str(exc))
                 return
-            self._acknowledged.add(name)
-
-    def _expire_pauses(self, now: float) -> None:
-        """Resume every paused pipeline whose pause deadline passed (every PAUSE_CHECK_S);
-        its flag's deletion comes back through the watch and starts it."""
-        if not self.paused or now - self._pauses_checked < PAUSE_CHECK_S:
-            return
-        self._pauses_checked = now
-        pauses = self._coordinator.pauses
-        for name in sorted(self.paused):
-            stored = pauses.read(self.shard, name)
-            deadline = None if stored is None else stored.record.deadline
-            if stored is None or deadline is None or time.time() < deadline:
-                continue
-            if pauses.resume_expired(self.shard, name, stored):
-                self._log.error(
-                    "pipeline.pause_expired",
-                    pipeline=name,
-                    by=stored.record.by,
-                    reason=stored.record.reason,
-                    deadline=deadline,
-                    action="resumed: the command that paused it did not end it",
-                )
+            term.acknowledged.add(name)
 
     def _report_drained(self, leadership: Leadership) -> None:
         """Once every pipeline of a draining term is drained, report the shard drained."""
-        if not self._draining or self._drained_reported or not self.pipelines:
+        term = self.term
+        if not self._draining or term is None or term.drained_reported or not term.pipelines:
             return
-        if any(p.status.state is not PipelineState.DRAINED for p in self.pipelines):
+        if any(p.status.state is not PipelineState.DRAINED for p in term.pipelines):
             return
         epoch, token = leadership.epoch, leadership.token
         assert epoch is not None and token is not None
         info = DrainedInfo(self._coordinator.node_id, epoch, token)
         self._coordinator.reshard.mark_drained(self.shard, info)
-        self._drained_reported = True
+        term.drained_reported = True
 
     def _report_stuck(self, now: float) -> None:
         """One `pipeline.stuck` event when a pipeline makes no progress for `stuck_after` (a hung
@@ -508,11 +475,11 @@ class ShardRunner:
                 self._stuck.discard(name)
                 self._log.info("pipeline.unstuck", pipeline=name)
 
-    def _restart(self, index: int, restarts: _Restarts) -> bool:
+    def _restart(self, term: Term, index: int, restarts: Restarts) -> bool:
         """Replace the pipeline at `index` by a fresh one of the same term; False if the term
         is over (its loss event follows)."""
         assert self.leadership is not None
-        failed = self.pipelines[index]
+        failed = term.pipelines[index]
         failed.stop(0.0)
         try:
             (pipeline,) = self._make_pipelines(self.leadership, failed.config.name, self._draining)
@@ -522,7 +489,7 @@ class ShardRunner:
         restarts.count += 1
         restarts.last_at, restarts.failed_at = time.monotonic(), None
         pipeline.status.restarts = failed.status.restarts + 1
-        self.pipelines[index] = pipeline
+        term.pipelines[index] = pipeline
         pipeline.start()
         self._log.info(
             "pipeline.restarted",
@@ -530,7 +497,7 @@ class ShardRunner:
             attempt=restarts.count,
             after_error=failed.status.error,
         )
-        self._announce(self.leadership)
+        announce_consuming(self.shard, self.leadership, self.pipelines, self._log)
         return True
 
     def _mark_elected(self, elected: bool) -> None:
@@ -548,7 +515,6 @@ class ShardRunner:
             self._mark_elected(True)
             self._metrics.epoch.labels(**labels).set(event.epoch)
             self._stop_pipelines(0.0, reason="new term")
-            self._drained_reported = False
             self._start_pipelines()
         elif isinstance(event, Suspended):
             self._log.warning("leader.suspended")
@@ -558,10 +524,10 @@ class ShardRunner:
             self._log.info("leader.resumed", epoch=event.epoch)
             for p in self.pipelines:
                 p.resume()
-            if not self.leading:  # a reshard switched modes while the term was suspended
+            if self.term is None:  # a reshard switched modes while the term was suspended
                 self._start_pipelines()
             elif self.leadership is not None:  # ops resumed pipelines while it was suspended
-                self._start_resumed(self.leadership)
+                self._start_resumed(self.leadership, self.term)
         elif isinstance(event, LostLeadership):
             self._log.warning("leader.lost", reason=event.reason)
             self._mark_elected(False)
@@ -580,6 +546,8 @@ class ShardRunner:
             )
 
     def _start_pipelines(self) -> None:
+        """Begin a term here: its pipelines (all in drain mode during a reshard, else those
+        not paused) made and started; none if the term is already over."""
         assert self.leadership is not None
         if self._warm_up is not None:
             # A Spark session takes seconds to start: begin now, not at the first flush.
@@ -589,51 +557,20 @@ class ShardRunner:
         except FencedError as exc:  # the term ended before we got to it: its loss event follows
             self._log.warning("leader.term_already_over", error=str(exc))
             return
-        self.leading_since = time.time()
-        self.pipelines = [
-            p for p in pipelines if self._draining or p.config.name not in self.paused
-        ]
-        # A new term restarts the delays; failures in the window still count towards a hand-over.
-        self._restarts = {n: _Restarts(failures=r.failures) for n, r in self._restarts.items()}
-        self._acknowledged, self._resumed = set(), set()
-        for p in self.pipelines:
+        runs = [p for p in pipelines if self._draining or p.config.name not in self.paused]
+        self.term = term = Term(time.time(), runs)
+        for p in term.pipelines:
             p.start()
-        self._announce(self.leadership)
+        announce_consuming(self.shard, self.leadership, self.pipelines, self._log)
         self._acknowledge_pauses(self.leadership)
 
-    def _announce(self, leadership: Leadership) -> None:
-        # Waiting here would hold back later events (a loss must stop pipelines at once).
-        threading.Thread(
-            target=self._announce_consuming,
-            args=(leadership, list(self.pipelines)),
-            name=f"announce-{self.shard}",
-            daemon=True,
-        ).start()
-
-    def _announce_consuming(self, leadership: Leadership, pipelines: list[PipelineLeader]) -> None:
-        """Publish `consuming` in the leader znode once every pipeline consumes."""
-        began = time.monotonic()
-        if not all(p.wait_consuming(RECOVERY_TIMEOUT_S) for p in pipelines):
-            failed = {p.config.name: p.status.error for p in pipelines if p.status.error}
-            if failed or any(p.status.state.live for p in pipelines):
-                self._log.error(
-                    "leader.recovery_failed",
-                    seconds=round(time.monotonic() - began, 3),
-                    errors=failed,
-                )
-            # Otherwise they were stopped (a hand-over, a lost term): that event is logged.
-            return
-        try:
-            leadership.set_status("consuming")
-        except Exception as exc:  # informative only: the CLI waits on it
-            self._log.warning("leader.status_failed", error=repr(exc))
-            return
-        self._log.info("leader.consuming", seconds=round(time.monotonic() - began, 3))
-
     def _stop_pipelines(self, grace: float, reason: str) -> None:
-        pipelines, self.pipelines = self.pipelines, []
-        self.leading_since = None
-        for p in pipelines:
+        """End the term running here, if any: stop its pipelines, a flush in flight may finish
+        within `grace` s."""
+        term, self.term = self.term, None
+        if term is None:
+            return
+        for p in term.pipelines:
             clean = p.stop(grace)
             self._log.info(
                 "pipeline.stopped_by_shard", pipeline=p.config.name, reason=reason, clean=clean

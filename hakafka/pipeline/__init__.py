@@ -4,8 +4,9 @@
 (consume.py) on its own thread and the flush lane (flush.py) on another. It is handed its
 parts (parts.py: consumer, WAL, re-fetch, sink, fenced ZooKeeper state) by the daemon, so
 the flush / commit / backpressure protocol is unit-tested with in-memory fakes. Beside them:
-the memory buffer wrapper (buffer.py), WAL replay bookkeeping (replay.py), the WAL record
-codec (walcodec.py), the Kafka re-fetch (refetch.py) and the Spark sink (sink.py).
+the state both lanes share (context.py), the memory buffer wrapper (buffer.py), WAL replay
+bookkeeping (replay.py), the WAL record codec (walcodec.py), the Kafka re-fetch (refetch.py)
+and the Spark sink (sink.py).
 """
 
 from hakafka.pipeline.leader import PipelineLeader

@@ -22,10 +22,11 @@ from hakafka.consumer import DecodedBatch, Decoder
 from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.registry import RegistryUnavailableError
 from hakafka.pipeline.buffer import Ranges
-from hakafka.pipeline.lane import Lane
+from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.parts import ConsumedMessage, Consumer, Wal
-from hakafka.pipeline.state import PipelineStopped, Signals, Waiting
+from hakafka.pipeline.state import PipelineStopped, Waiting
 from hakafka.pipeline.walcodec import WalBatch, encode
+from retry_policy import Backoff
 from wal import FsyncPolicy
 
 CONSUME_BATCH = 10_000
@@ -41,18 +42,20 @@ REGISTRY_RETRY_S = 0.5
 REGISTRY_RETRY_MAX_S = 10.0
 
 
-def retry_delay(attempt: int) -> float:
-    """Seconds before metadata retry number `attempt` (1, 2, ...)."""
-    return float(min(REFRESH_PARTITIONS_S, METADATA_RETRY_S * 2 ** (attempt - 1)))
-
-
 @dataclass
 class ConsumeLane:
     """Moves consumed batches into the WAL and the buffer; runs on the pipeline thread."""
 
-    lane: Lane
+    lane: PipelineContext
     decoder: Decoder
     consumer: Consumer | None = None
+    # The retry policies, from the constants above as they are when the lane is made.
+    metadata_retry: Backoff = field(
+        default_factory=lambda: Backoff(METADATA_RETRY_S, REFRESH_PARTITIONS_S)
+    )
+    registry_retry: Backoff = field(
+        default_factory=lambda: Backoff(REGISTRY_RETRY_S, REGISTRY_RETRY_MAX_S)
+    )
     # Published by the consume thread: the Kafka client must not be called from others.
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
@@ -67,17 +70,23 @@ class ConsumeLane:
         it appears; one without a known offset starts per the reset policy. A metadata error
         is retried with backoff (beating) until it clears or the pipeline stops."""
         self.consumer, self._starts = consumer, dict(starts)
-        attempt = 0
-        while True:
-            self.lane.signals.check_stop("stopped before the consumer was assigned")
-            try:
-                assigned = consumer.assign(starts)
-                self._metadata_answered(consumer)
-                break
-            except KafkaMetadataError as exc:
-                attempt += 1
-                delay = self._metadata_retry("assign", exc, attempt)
-                _sleep_beating(self.lane.signals, delay, "retrying Kafka metadata")
+        signals = self.lane.signals
+
+        def attempt() -> list[int]:
+            assigned = consumer.assign(starts)
+            self._metadata_answered(consumer)
+            return assigned
+
+        assigned, _ = self.metadata_retry.call(
+            attempt,
+            signals.waiter,
+            retry_on=KafkaMetadataError,
+            stopped=lambda: PipelineStopped("stopped while retrying Kafka metadata"),
+            before=lambda: signals.check_stop("stopped before the consumer was assigned"),
+            on_retry=lambda exc, attempts, delay: self._metadata_failed(
+                "assign", exc, attempts, delay
+            ),
+        )
         self._recorded = consumer.position()
         self.lane.log.info(
             "consumer.assigned",
@@ -86,15 +95,14 @@ class ConsumeLane:
             waiting=sorted(set(starts) - set(assigned)),
         )
 
-    def _metadata_retry(self, what: str, exc: KafkaMetadataError, attempt: int) -> float:
-        """Log a metadata error (the pipeline waits for Kafka); returns the seconds to wait
-        before retry `attempt`."""
+    def _metadata_failed(
+        self, what: str, exc: KafkaMetadataError, attempt: int, delay: float
+    ) -> None:
+        """Report a metadata error (the pipeline waits for Kafka), retried after `delay`."""
         self.lane.status.wait(Waiting.KAFKA_UNREACHABLE, f"Kafka unreachable: {exc}"[:500])
-        delay = retry_delay(attempt)
         self.lane.log.warning(
             "consumer.metadata_retry", what=what, error=str(exc), attempt=attempt, backoff_s=delay
         )
-        return delay
 
     def _metadata_answered(self, consumer: Consumer) -> bool:
         """Kafka answered metadata: end that wait; wait for the topic while it does not exist
@@ -120,7 +128,9 @@ class ConsumeLane:
             topic_missing = self._metadata_answered(consumer)
         except KafkaMetadataError as exc:
             self._refresh_failures += 1
-            return self._metadata_retry("refresh", exc, self._refresh_failures)
+            delay = self.metadata_retry.delay(self._refresh_failures)
+            self._metadata_failed("refresh", exc, self._refresh_failures, delay)
+            return delay
         if topic_missing:
             return TOPIC_RECHECK_S
         positions = consumer.position()
@@ -128,7 +138,7 @@ class ConsumeLane:
             self._recorded.setdefault(partition, positions[partition])
         if set(self._starts) - set(positions):
             self._refresh_failures += 1
-            return retry_delay(self._refresh_failures)
+            return self.metadata_retry.delay(self._refresh_failures)
         self._refresh_failures = 0
         return REFRESH_PARTITIONS_S
 
@@ -223,23 +233,25 @@ class ConsumeLane:
         """Decode `messages`; while the schema registry cannot answer, wait and decode the
         same batch again (an outage, never a bad message), with the error in `status`.
         PipelineStopped if the pipeline stops meanwhile."""
-        lane, delay, attempt = self.lane, REGISTRY_RETRY_S, 0
+        lane = self.lane
+
+        def unavailable(exc: RegistryUnavailableError, attempt: int, delay: float) -> None:
+            lane.status.wait(Waiting.REGISTRY_UNAVAILABLE, str(exc)[:500])
+            lane.log.warning(
+                "decode.registry_retry", error=str(exc), attempt=attempt, backoff_s=delay
+            )
+
         try:
-            while True:
-                try:
-                    decoded = self.decoder.decode(messages)
-                except RegistryUnavailableError as exc:
-                    attempt += 1
-                    lane.status.wait(Waiting.REGISTRY_UNAVAILABLE, str(exc)[:500])
-                    lane.log.warning(
-                        "decode.registry_retry", error=str(exc), attempt=attempt, backoff_s=delay
-                    )
-                    _sleep_beating(lane.signals, delay, "waiting for the schema registry")
-                    delay = min(delay * 2, REGISTRY_RETRY_MAX_S)
-                    continue
-                if attempt:
-                    lane.log.info("decode.registry_recovered", attempts=attempt + 1)
-                return decoded
+            decoded, attempts = self.registry_retry.call(
+                lambda: self.decoder.decode(messages),
+                lane.signals.waiter,
+                retry_on=RegistryUnavailableError,
+                stopped=lambda: PipelineStopped("stopped while waiting for the schema registry"),
+                on_retry=unavailable,
+            )
+            if attempts > 1:
+                lane.log.info("decode.registry_recovered", attempts=attempts)
+            return decoded
         finally:
             lane.status.done_waiting(Waiting.REGISTRY_UNAVAILABLE)
 
@@ -281,23 +293,13 @@ class ConsumeLane:
                 lane.log.info("consumer.resumed")
 
     def _wait_commit(self, seen: int) -> None:
+        """Return once a flush committed after `seen` commits, beating; PipelineStopped if
+        the pipeline stops first."""
         signals = self.lane.signals
-        while not signals.wait_commit(seen, 0.2):
-            signals.beat()
-            if signals.stop.is_set():
-                raise PipelineStopped("stopped while the buffer was full") from None
+        if not signals.waiter.until(lambda timeout: signals.wait_commit(seen, timeout)):
+            raise PipelineStopped("stopped while the buffer was full") from None
 
     def close(self) -> None:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             consumer.close()
-
-
-def _sleep_beating(signals: Signals, seconds: float, what: str) -> None:
-    """Wait `seconds`, beating; PipelineStopped ("stopped while <what>") if the pipeline stops
-    meanwhile."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        signals.beat()
-        if signals.stop.wait(min(left, 0.2)):
-            raise PipelineStopped(f"stopped while {what}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -28,9 +29,10 @@ from hakafka.pipeline.blockplan import (
     plan_block,
 )
 from hakafka.pipeline.buffer import PipelineBlock, make_block
-from hakafka.pipeline.lane import Lane
+from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
 from hakafka.pipeline.state import Flush, PipelineStopped, Waiting
+from retry_policy import Backoff, Waiter
 from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
 FLUSH_CHECK_S = 0.05
@@ -40,6 +42,15 @@ BACKOFF_MAX_S = 10.0
 WAL_PASS_CHECK_S = 0.1
 
 T = TypeVar("T")
+
+# Not ClickHouse or Kafka being away: retrying cannot help.
+NOT_RETRIED = (
+    PipelineStopped,
+    FencedError,
+    OffsetOutOfRangeError,
+    SchemaMismatchError,
+    UnsafeTableError,
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class FlushLane:
     after it committed. Meanwhile the consumer already runs; the buffer fills up to its
     limit, then backpressure holds it."""
 
-    lane: Lane
+    lane: PipelineContext
     thresholds: Thresholds
     parts: PipelineParts
     decoder: Decoder
@@ -73,6 +84,9 @@ class FlushLane:
     pending: PendingReflush | None = None
     drained: bool = False  # set once a draining pipeline committed everything it held
     mirror: OffsetsMirror | None = None  # this term's, built when the thread starts
+    # Flushes, re-fetches and table creation wait out a failure with this policy (from the
+    # constants above as they are when the lane is made).
+    retry: Backoff = field(default_factory=lambda: Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S))
 
     def run(self) -> None:
         """Seal and flush whenever the thresholds say so, until the pipeline stops. A flush
@@ -165,12 +179,12 @@ class FlushLane:
     def _wal_block(self, pending: PendingReflush) -> PipelineBlock | None:
         """The pending block from the local WAL once recovery's pass has decided (None: from
         Kafka); PipelineStopped if the pipeline stops first."""
-        while True:
-            self.lane.signals.check_stop("stopped while recovery read the WAL")
-            try:
-                return pending.block.result(timeout=WAL_PASS_CHECK_S)
-            except TimeoutError:
-                continue
+        signals = self.lane.signals
+        signals.check_stop("stopped while recovery read the WAL")
+        waiter = Waiter(signals.stop, signals.beat, WAL_PASS_CHECK_S)
+        if not waiter.until(lambda timeout: bool(futures.wait((pending.block,), timeout).done)):
+            raise PipelineStopped("stopped while recovery read the WAL")
+        return pending.block.result()
 
     def _step(self) -> None:
         """Called by a long re-fetch on every poll: beats, and ends it when stopping."""
@@ -256,45 +270,41 @@ class FlushLane:
             )
 
     def _retry(self, what: str, block: PipelineBlock | None, call: Callable[[], T]) -> T:
-        """`call()` until it succeeds, backing off from 0.5 s to 10 s; PipelineStopped if the
-        pipeline stops meanwhile. ClickHouse being away is waited out, never skipped."""
-        delay = BACKOFF_INITIAL_S
-        attempt = 0
-        signals = self.lane.signals
-        while True:
-            attempt += 1
+        """`call()` until it succeeds, backing off per `retry` (0.5 s to 10 s), each attempt
+        once the gate is open; PipelineStopped if the pipeline stops meanwhile. ClickHouse
+        being away is waited out, never skipped; a `NOT_RETRIED` error propagates."""
+        lane, signals = self.lane, self.lane.signals
+
+        def before() -> None:
             signals.beat()
             signals.wait_gate()
-            try:
-                result = call()
-            except (
-                PipelineStopped,
-                FencedError,
-                OffsetOutOfRangeError,
-                SchemaMismatchError,
-                UnsafeTableError,
-            ):
-                raise  # not ClickHouse or Kafka being away: retrying cannot help
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"[:500]
-                # Shown by `status` while it lasts; the shard reports the pipeline stuck once
-                # it lasts `stuck_after` (the retries go on).
-                self.lane.status.wait(Waiting.RETRYING_CLICKHOUSE, f"{what} failing: {error}")
-                self.lane.meters.flush_failed()
-                self.lane.log.warning(
-                    f"{what}.retry",
-                    block=None if block is None else block.block_id,
-                    attempt=attempt,
-                    error=error,
-                    backoff_s=delay,
-                )
-                if signals.stop.wait(delay):
-                    raise PipelineStopped(f"stopped while retrying ({what})") from None
-                delay = min(delay * 2, BACKOFF_MAX_S)
-            else:
-                if self.lane.status.done_waiting(Waiting.RETRYING_CLICKHOUSE) is not None:
-                    self.lane.log.info(f"{what}.recovered", attempts=attempt)
-                return result
+
+        def failed(exc: Exception, attempt: int, delay: float) -> None:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            # Shown by `status` while it lasts; the shard reports the pipeline stuck once it
+            # lasts `stuck_after` (the retries go on).
+            lane.status.wait(Waiting.RETRYING_CLICKHOUSE, f"{what} failing: {error}")
+            lane.meters.flush_failed()
+            lane.log.warning(
+                f"{what}.retry",
+                block=None if block is None else block.block_id,
+                attempt=attempt,
+                error=error,
+                backoff_s=delay,
+            )
+
+        result, attempts = self.retry.call(
+            call,
+            signals.waiter,
+            retry_on=Exception,
+            stopped=lambda: PipelineStopped(f"stopped while retrying ({what})"),
+            give_up_on=NOT_RETRIED,
+            before=before,
+            on_retry=failed,
+        )
+        if lane.status.done_waiting(Waiting.RETRYING_CLICKHOUSE) is not None:
+            lane.log.info(f"{what}.recovered", attempts=attempts)
+        return result
 
     def _truncate_wal(self) -> None:
         wal = self.wal

@@ -41,8 +41,8 @@ from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
 from hakafka.pipeline.consume import ConsumeLane
+from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.flush import FlushLane, PendingReflush
-from hakafka.pipeline.lane import Lane
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import PipelineParts, Wal
 from hakafka.pipeline.replay import (
@@ -122,7 +122,7 @@ class PipelineLeader:
         self._signals = Signals()
         self._meters = PipelineMeters(metrics, config.name, shard, config.on_error)
         self._index = WalIndex()
-        lane = Lane(
+        context = PipelineContext(
             config=config,
             buffer=self.buffer,
             index=self._index,
@@ -132,9 +132,9 @@ class PipelineLeader:
             crash=self._crash,
             log=self._log,
         )
-        self._consume = ConsumeLane(lane, decoder)
+        self._consume = ConsumeLane(context, decoder)
         self._schemas = SchemaConverter(config.name, decoder.schema)
-        self._flush = FlushLane(lane, thresholds_of(config), parts, decoder, rows_per_task)
+        self._flush = FlushLane(context, thresholds_of(config), parts, decoder, rows_per_task)
         self._wal: Wal | None = None
         self._registered: list[MemoryTable] = []
         self._threads_done = 0

@@ -8,7 +8,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+
+from structlog.typing import FilteringBoundLogger
+
+from retry_policy import Waiter
 
 
 class PipelineState(StrEnum):
@@ -147,7 +150,7 @@ class PipelineStatus:
         wait = self.waits.get(Waiting.REGISTRY_UNAVAILABLE)
         return None if wait is None else wait.detail
 
-    def fail(self, exc: BaseException, log: Any, *, restartable: bool) -> None:
+    def fail(self, exc: BaseException, log: FilteringBoundLogger, *, restartable: bool) -> None:
         """Record `exc` as the reason the pipeline failed, and enter `failed`."""
         self.error = f"{type(exc).__name__}: {exc}"
         self.restartable = restartable
@@ -160,7 +163,7 @@ class PipelineStatus:
             local_fault=self.local_fault,
         )
 
-    def enter(self, state: PipelineState, log: Any, **fields: object) -> None:
+    def enter(self, state: PipelineState, log: FilteringBoundLogger, **fields: object) -> None:
         """Move to `state` and log `pipeline.<state>` (every change of state is logged).
         `failed` is final: a lane that failed is not overwritten by the other lane's
         progress (a restart makes a new pipeline)."""
@@ -183,6 +186,7 @@ class Signals:
     - `abandoned`: stop's grace ran out: the block in flight must not commit.
     - `draining`: nothing more is consumed; the flush lane seals and commits what the buffer
       holds, whatever the thresholds, and ends once it is empty.
+    - `waiter`: how either lane's thread waits (`retry_policy.Waiter`): beating, until `stop`.
     """
 
     def __init__(self) -> None:
@@ -200,6 +204,7 @@ class Signals:
         # Thread id -> monotonic time of its last step; a running thread that stops stepping
         # (a hung disk, driver or call) makes the pipeline stuck.
         self._beats: dict[int, float] = {}
+        self.waiter = Waiter(self.stop, self.beat)
 
     def note_commit(self) -> None:
         """A flush committed: wake batches waiting for room."""
@@ -249,9 +254,7 @@ class Signals:
     def wait_gate(self) -> None:
         """Return once side effects are allowed; PipelineStopped if the pipeline stops first,
         or if the block in flight was abandoned."""
-        while not self.gate.wait(0.2):
-            self.beat()
-            if self.stop.is_set():
-                raise PipelineStopped("stopped while suspended")
+        if not self.waiter.until(self.gate.wait):
+            raise PipelineStopped("stopped while suspended")
         if self.stop.is_set() and self.abandoned.is_set():
             raise PipelineStopped("flush abandoned")

@@ -28,7 +28,8 @@ from hakafka.coordination import (
     Suspended,
 )
 from hakafka.coordination.pause import StoredPause
-from hakafka.daemon.shard import HandoverPolicy, ShardRunner, _Pauses, restart_delay
+from hakafka.daemon.restarts import RESTART_BACKOFF, HandoverPolicy
+from hakafka.daemon.shard import ShardRunner, _Pauses
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineState
 from tests.pipeline.fakes import Harness, Topic, pipeline_config, wait_for
@@ -154,7 +155,7 @@ def test_a_pipeline_that_failed_to_start_is_replaced(
     wait_for(
         lambda: shard.pipelines[0].status.state is PipelineState.CONSUMING,
         "a replacement that consumes",
-        timeout=restart_delay(1) + restart_delay(2) + 10,
+        timeout=RESTART_BACKOFF.delay(1) + RESTART_BACKOFF.delay(2) + 10,
     )
     (second,) = shard.pipelines
     assert second is not first and second.status.restarts >= 1
@@ -279,14 +280,14 @@ def test_a_leader_failing_again_and_again_hands_over_but_the_last_candidate_keep
     wait_for(
         lambda: bool(shard.pipelines) and shard.pipelines[0].status.restarts >= 2,
         "two restarts",
-        timeout=restart_delay(1) + restart_delay(2) + 10,
+        timeout=RESTART_BACKOFF.delay(1) + RESTART_BACKOFF.delay(2) + 10,
     )
     assert coordinator.left == [] and shard.standing
     coordinator.standing.append("n2")  # a healthy replica stands now: the next failure moves
     wait_for(
         lambda: coordinator.left == [0],
         "the hand-over",
-        timeout=restart_delay(3) + 10,
+        timeout=RESTART_BACKOFF.delay(3) + 10,
     )
     assert shard.cooldown is not None
     assert "failed 3 times in 300 s, last: could not start" in shard.cooldown.reason

@@ -32,7 +32,7 @@ from hakafka.pipeline import PipelineLeader, PipelineParts, PipelineState
 from hakafka.pipeline.blockplan import PlannedBlock
 from hakafka.pipeline.buffer import PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane
-from hakafka.pipeline.lane import Lane
+from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Flushed
 from hakafka.pipeline.replay import WalIndex
@@ -466,7 +466,7 @@ class Harness:
         """A consume lane of this pipeline on its own, with a fresh buffer and signals."""
         pipeline = self.pipeline
         decoder = decoder_for(pipeline)
-        lane = Lane(
+        context = PipelineContext(
             config=pipeline,
             buffer=PipelineBuffer(
                 pipeline.name,
@@ -483,7 +483,7 @@ class Harness:
             crash=self.crash,
             log=structlog.get_logger("tests"),
         )
-        return ConsumeLane(lane, decoder)
+        return ConsumeLane(context, decoder)
 
 
 def one_partition(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from structlog.typing import FilteringBoundLogger
 
 from hakafka.config import PipelineConfig
 from hakafka.faults import CrashPlan
@@ -14,7 +15,7 @@ from hakafka.pipeline.state import PipelineStatus, Signals
 
 
 @dataclass(frozen=True)
-class Lane:
+class PipelineContext:
     """One pipeline's shared state: its config, buffer, WAL index, signals, status, meters,
     crash points and bound logger. Both lanes hold the same instance."""
 
@@ -25,4 +26,4 @@ class Lane:
     status: PipelineStatus
     meters: PipelineMeters
     crash: CrashPlan
-    log: Any
+    log: FilteringBoundLogger
