@@ -6,6 +6,10 @@ few malformed), shows rows arriving in ClickHouse, queries a leader's memory buf
 shard's leadership with an ops failover, produces more, checks the exactly-once count, and
 ends with a Spark job reading both shards, live buffer included, while more events arrive.
 Everything it started is stopped by PID, also when it fails.
+
+The terminal shows the demo's story only. Every service and daemon logs to its own file
+under the demo's directory; this process's own log lines (its ZooKeeper clients, kazoo, the
+Spark reader's JVM output as `spark.output` events) go to `demo.log` there.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
 from devstack.records import EVENT_COLUMNS, Produced, create_topic, produce, tally
 from devstack.zookeeper import ZooKeeperEnsemble
+from hakafka import logs
 from hakafka.config import load_config
 from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
 from hakafka.ops.cluster_view import cluster_view
@@ -50,6 +55,8 @@ def wait(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 def run(root: Path) -> bool:
     began = time.monotonic()
+    # Debug: Spark's WARN lines are debug `spark.output` events, and they belong in the file.
+    logs.configure("console", "debug", logs.LogSink(root / "demo.log"))
     zk = ZooKeeperEnsemble(root / "zookeeper", members=1)
     broker = KafkaBroker(root / "kafka")
     ch = ClickHouseService(root / "clickhouse")
@@ -174,10 +181,11 @@ def spark_reads_both_shards(cluster: LocalCluster, bootstrap: str, start: int) -
     from pyspark.sql import functions as sf
 
     from spark_bridge import SparkRuntime, SparkSettings, read_table
+    from spark_bridge.jvm_output import log_line
 
     config = load_config(cluster.nodes["n1"].config_path)
     database, connection = config.clickhouse.database, connection_of(config)
-    with SparkRuntime(SparkSettings(app_name="hakafka-demo-reader")) as spark:
+    with SparkRuntime(SparkSettings(app_name="hakafka-demo-reader"), output=log_line) as spark:
         # Spark is up first: the new events are read while still in the leaders' buffers.
         produce(bootstrap, TOPIC, PER_BATCH // 5, partitions=PARTITIONS, start=start)
         df = read_table(

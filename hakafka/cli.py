@@ -1,88 +1,39 @@
-"""The `hakafka` command: one entry point, one subcommand per operator task."""
+"""The `hakafka` command: one entry point, one subcommand per operator task.
+
+Here: every command's arguments (an option several commands share declared once), `run`,
+the one logging setup of a process and the exit code of each failure. What an operator
+command does and prints is its handler's, in `hakafka.ops.handlers`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from hakafka import __version__
-from hakafka.config import (
-    DEFAULT_PATH,
-    Config,
-    ConfigError,
-    advertise_warning,
-    check_data_dir,
-    load_config,
+from hakafka.config import DEFAULT_PATH, Config, ConfigError, check_data_dir
+from hakafka.ops import handlers
+from hakafka.ops.handlers import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    clickhouse_type_problem,
+    load_with_table_columns,
 )
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+# `clickhouse_type_problem` too: tests/consumer read configs with the check every command uses.
+__all__ = ["build_parser", "clickhouse_type_problem", "main"]
 
 FORMATS = ("table", "json", "csv", "arrow")
 WAIT_S = 60.0  # --wait of every command that waits, but `query`
 DEBUG_HELP = "on failure print the traceback; print the libraries' log lines (kazoo, librdkafka)"
 
 
-def clickhouse_type_problem(ch_type: str) -> str | None:
-    """None if hakafka can decode into `ch_type`, else what is wrong with it."""
-    from hakafka.consumer import SchemaError, arrow_type
-
-    try:
-        arrow_type(ch_type)
-    except SchemaError as exc:
-        return str(exc)
-    return None
-
-
-def load(path: Path) -> Config:
-    """The validated config at `path` (ConfigError lists every problem)."""
-    return load_config(path, clickhouse_type_problem)
-
-
-def load_with_table_columns(path: Path) -> Config:
-    """`load`, with the columns of each `columns = "from_table"` pipeline read from its
-    ClickHouse table (ConfigError if that fails)."""
-    from hakafka.table_columns import with_table_columns
-
-    return with_table_columns(load(path))
-
-
-def _config_check(args: argparse.Namespace) -> int:
-    from hakafka.ops.cluster import UsageError
-
-    if args.file is not None and args.config_given is not None and args.file != args.config_given:
-        raise UsageError(f"two config files named: {args.file} and --config {args.config_given}")
-    path = args.file or args.config_given or DEFAULT_PATH
-    config = load(path)
-    check_data_dir(config)
-    print(
-        f"{path}: ok (node {config.node}, shards {list(config.shards)} of "
-        f"{config.shard_count}, pipelines {', '.join(p.name for p in config.pipelines)})"
-    )
-    if (warning := advertise_warning(config)) is not None:
-        print(f"{path}: warning: {warning}")
-    if not args.cluster:
-        return EXIT_OK
-    from hakafka.ops.cluster import connect
-    from hakafka.ops.shardwide import cluster_check
-    from hakafka.table_columns import with_table_columns
-
-    config = with_table_columns(config)
-    with connect(config) as coordinator:
-        lines, agreed = cluster_check(coordinator, config)
-    print("\n".join(lines))
-    return EXIT_OK if agreed else EXIT_FAILURE
-
-
 def _run(args: argparse.Namespace) -> int:
+    """`run`: the daemon, until it stops (its exit code), with logging set up for it."""
     from hakafka import logs
 
     def read() -> Config:
@@ -102,257 +53,6 @@ def _run(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"hakafka: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-
-
-def _init(args: argparse.Namespace) -> int:
-    from hakafka.ops.init import initialize
-    from hakafka.ops.shardwide import Recording
-
-    how = Recording.AGREE
-    if args.update or args.replace:
-        how = Recording.UPDATE if args.update else Recording.REPLACE
-    for line in initialize(load_with_table_columns(args.config), how, args.distributed):
-        print(line)
-    return EXIT_OK
-
-
-def _print_json(value: object) -> None:
-    print(json.dumps(value, indent=2, default=str))
-
-
-def _status(args: argparse.Namespace) -> int:
-    from hakafka.ops.cluster import connect
-    from hakafka.ops.status import cluster_status, render
-
-    config = load(args.config)
-    with connect(config) as coordinator:
-        status = cluster_status(coordinator, config)
-    if args.json:
-        _print_json(status)
-    else:
-        print(render(status))
-    return EXIT_OK if status["healthy"] else EXIT_FAILURE
-
-
-def _failover(args: argparse.Namespace) -> int:
-    from hakafka.ops.cluster import check_shard, connect, operator
-    from hakafka.ops.failover import describe, failover
-    from hakafka.ops.status import diagnosis
-
-    config = load(args.config)
-    shard = check_shard(config, args.shard)
-    with connect(config) as coordinator:
-        handover = failover(
-            coordinator,
-            shard,
-            to=args.to,
-            wait_s=args.wait,
-            by=operator(),
-            diagnose=diagnosis(coordinator, config),
-        )
-    if args.json:
-        _print_json(asdict(handover))
-    else:
-        print(describe(handover))
-    return EXIT_OK
-
-
-def _reshard(args: argparse.Namespace) -> int:
-    from hakafka.ops.cluster import connect, operator
-    from hakafka.ops.reshard import describe, describe_abort, reshard
-
-    config = load(args.config)
-    with connect(config) as coordinator:
-        if args.abort:
-            print(describe_abort(coordinator.reshard.abort()))
-            return EXIT_OK
-        moves = reshard(
-            coordinator,
-            config,
-            by=operator(),
-            timeout=args.timeout,
-            progress=lambda line: print(line, flush=True),
-        )
-    print(describe(moves, config.shard_count))
-    return EXIT_OK
-
-
-def _replace(args: argparse.Namespace) -> int:
-    from hakafka.ops import replace
-    from hakafka.ops.cluster import connect, operator
-    from hakafka.ops.status import diagnosis
-
-    config = load(args.config)
-    with connect(config) as coordinator:
-        if args.done:
-            was_flagged = replace.done(coordinator, args.node)
-            if args.json:
-                _print_json({"node": args.node, "cleared": was_flagged})
-            else:
-                print(replace.describe_done(args.node, cleared=was_flagged))
-            return EXIT_OK
-        result = replace.start(
-            coordinator,
-            config,
-            args.node,
-            reason=args.reason,
-            wait_s=args.wait,
-            by=operator(),
-            force=args.force,
-            diagnose=diagnosis(coordinator, config),
-        )
-    if args.json:
-        _print_json(asdict(result))
-    else:
-        print(replace.describe(result))
-    return EXIT_OK
-
-
-def _query(args: argparse.Namespace) -> int:
-    from hakafka.ops.cluster import check_shard, connect
-    from hakafka.ops.query import query_shards, render
-    from hakafka.settings import client_tls
-
-    config = load(args.config)
-    shards = (
-        [check_shard(config, args.shard)] if args.shard is not None else range(config.shard_count)
-    )
-    wait = args.wait if args.wait is not None else config.zookeeper.session_timeout + 2.0
-    with connect(config) as coordinator:
-        answer = query_shards(
-            coordinator,
-            list(shards),
-            args.sql,
-            token=config.server.token.value or None,
-            tls=client_tls(config),
-            wait_s=wait,
-            partial=args.partial,
-        )
-    for shard, why in answer.skipped.items():
-        print(f"hakafka: skipped shard {shard}: {why}", file=sys.stderr)
-    for note in answer.notes:
-        print(f"hakafka: {note}", file=sys.stderr)
-    fmt = "json" if args.json else args.format
-    several = len(shards) > 1 and fmt == "table"  # asked of several: say which answered
-    sys.stdout.buffer.write(render(answer.labelled() if several else answer.table, fmt))
-    sys.stdout.flush()
-    return EXIT_OK
-
-
-def _pipeline(args: argparse.Namespace) -> int:
-    from hakafka.ops import pause
-    from hakafka.ops.cluster import connect, operator
-
-    config = load(args.config)
-    name = pause.pipeline_name(config, args.pipeline)
-    shards = pause.shards_of(config, args.shard)
-    with connect(config) as coordinator:
-        if args.action == "pause":
-            outcomes = pause.pause(
-                coordinator, shards, name, by=operator(), reason=args.reason, timeout_s=args.wait
-            )
-        else:
-            outcomes = pause.resume(coordinator, shards, name)
-    if args.json:
-        _print_json([asdict(o) for o in outcomes])
-    else:
-        print(pause.describe(outcomes, pausing=args.action == "pause"))
-    return EXIT_OK
-
-
-def _offsets(args: argparse.Namespace) -> int:
-    from hakafka.consumer.topic_offsets import TopicOffsets
-    from hakafka.ops import offsets, pause
-    from hakafka.ops.cluster import check_shard, connect, operator
-
-    config = load(args.config)
-    kafka = config.kafka
-    if args.action == "show":
-        names = pause.pipeline_names(config, args.pipeline)
-        readers = {
-            n: TopicOffsets(kafka.bootstrap, config.pipeline(n).topic, kafka.settings)
-            for n in names
-        }
-        try:
-            with connect(config) as coordinator:
-                rows = offsets.show_offsets(
-                    coordinator, config, readers, pause.shards_of(config, args.shard), names
-                )
-        finally:
-            for reader in readers.values():
-                reader.close()
-        if args.json:
-            _print_json([{**asdict(r), "lag": r.lag} for r in rows])
-        else:
-            print(offsets.render_offsets(rows))
-        return EXIT_OK
-    name = pause.pipeline_name(config, args.pipeline)
-    shard = check_shard(config, args.shard)
-    target = _offset_target(args)
-    with (
-        TopicOffsets(kafka.bootstrap, config.pipeline(name).topic, kafka.settings) as reader,
-        connect(config) as coordinator,
-    ):
-        move = offsets.set_offsets(
-            coordinator,
-            config,
-            reader,
-            shard=shard,
-            pipeline=name,
-            target=target,
-            drop_pending=args.drop_pending,
-            by=operator(),
-            timeout_s=args.wait,
-            dry_run=args.dry_run,
-            allow_end=args.allow_end,
-        )
-    print(offsets.describe_move(move))
-    return EXIT_OK
-
-
-def _offset_target(args: argparse.Namespace) -> Any:
-    from hakafka.ops.offsets import OffsetTarget, TargetKind, parse_offsets, parse_timestamp
-
-    if args.to_earliest:
-        return OffsetTarget(TargetKind.EARLIEST)
-    if args.to_latest:
-        return OffsetTarget(TargetKind.LATEST)
-    if args.to_timestamp is not None:
-        return OffsetTarget(TargetKind.TIMESTAMP, timestamp_ms=parse_timestamp(args.to_timestamp))
-    return OffsetTarget(TargetKind.OFFSETS, offsets=parse_offsets(args.to_offset))
-
-
-def _pending(args: argparse.Namespace) -> int:
-    from hakafka.ops import offsets, pause
-    from hakafka.ops.cluster import check_shard, connect, operator
-
-    config = load(args.config)
-    with connect(config) as coordinator:
-        if args.action == "show":
-            names = pause.pipeline_names(config, args.pipeline)
-            found = offsets.show_pending(coordinator, pause.shards_of(config, args.shard), names)
-            if args.json:
-                _print_json([{"shard": s, "pipeline": n, **asdict(i)} for s, n, i in found])
-            else:
-                print(offsets.describe_pending(found))
-            return EXIT_OK
-        move = offsets.drop_pending(
-            coordinator,
-            config,
-            shard=check_shard(config, args.shard),
-            pipeline=pause.pipeline_name(config, args.pipeline),
-            by=operator(),
-            timeout_s=args.wait,
-            dry_run=args.dry_run,
-        )
-    print(offsets.describe_move(move))
-    return EXIT_OK
-
-
-def _wal(args: argparse.Namespace) -> int:
-    from hakafka.ops.wal import check
-
-    return check(load(args.config), args.action, args.pipeline, sys.stdout)
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
@@ -431,7 +131,7 @@ def _add_ops_commands(commands: Any) -> None:
     )
     _add_config(status)
     _add_json(status)
-    status.set_defaults(handler=_status)
+    status.set_defaults(handler=handlers.status_command)
 
     failover = commands.add_parser(
         "failover",
@@ -445,7 +145,7 @@ def _add_ops_commands(commands: Any) -> None:
     failover.add_argument("--to", metavar="NODE", help="the node that should lead it")
     _add_wait(failover, "give up after")
     _add_json(failover)
-    failover.set_defaults(handler=_failover)
+    failover.set_defaults(handler=handlers.failover_command)
 
     reshard = commands.add_parser(
         "reshard",
@@ -467,7 +167,7 @@ def _add_ops_commands(commands: Any) -> None:
     reshard.add_argument(
         "--abort", action="store_true", help="end a reshard in progress without moving anything"
     )
-    reshard.set_defaults(handler=_reshard)
+    reshard.set_defaults(handler=handlers.reshard_command)
 
     node = commands.add_parser("node", help="node maintenance")
     node_commands = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
@@ -492,7 +192,7 @@ def _add_ops_commands(commands: Any) -> None:
     )
     _add_wait(replace, "how long --start waits for each moved shard")
     _add_json(replace)
-    replace.set_defaults(handler=_replace)
+    replace.set_defaults(handler=handlers.node_replace_command)
 
     query = commands.add_parser(
         "query",
@@ -520,7 +220,7 @@ def _add_ops_commands(commands: Any) -> None:
         action="store_true",
         help="answer from the shards whose leader answers; name the skipped ones on stderr",
     )
-    query.set_defaults(handler=_query)
+    query.set_defaults(handler=handlers.query_command)
 
     _add_pipeline_commands(commands)
 
@@ -533,7 +233,7 @@ def _add_ops_commands(commands: Any) -> None:
     wal.add_argument("action", choices=("inspect", "verify"))
     _add_config(wal)
     _add_pipeline(wal)
-    wal.set_defaults(handler=_wal)
+    wal.set_defaults(handler=handlers.wal_command)
 
 
 def _add_pipeline_commands(commands: Any) -> None:
@@ -553,7 +253,7 @@ def _add_pipeline_commands(commands: Any) -> None:
             _add_reason(sub, "no reason given", "pause")
             _add_wait(sub, stopped)
         _add_json(sub)
-        sub.set_defaults(handler=_pipeline)
+        sub.set_defaults(handler=handlers.pipeline_command)
 
     offsets = commands.add_parser(
         "offsets", help="see or move a pipeline's checkpoint (where it resumes)"
@@ -570,7 +270,7 @@ def _add_pipeline_commands(commands: Any) -> None:
     _add_pipeline(show)
     _add_shard(show)
     _add_json(show)
-    show.set_defaults(handler=_offsets)
+    show.set_defaults(handler=handlers.offsets_command)
     move = actions.add_parser(
         "set",
         help="move a shard's pipeline to other offsets (replay or skip)",
@@ -603,7 +303,7 @@ def _add_pipeline_commands(commands: Any) -> None:
     )
     _add_wait(move, stopped)
     _add_dry_run(move)
-    move.set_defaults(handler=_offsets)
+    move.set_defaults(handler=handlers.offsets_command)
 
     pending = commands.add_parser("pending", help="see or drop a pipeline's pending block")
     actions = pending.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -612,7 +312,7 @@ def _add_pipeline_commands(commands: Any) -> None:
     _add_pipeline(show)
     _add_shard(show)
     _add_json(show)
-    show.set_defaults(handler=_pending)
+    show.set_defaults(handler=handlers.pending_command)
     drop = actions.add_parser(
         "drop",
         help="abandon a shard's pending block: its offsets are skipped",
@@ -625,7 +325,7 @@ def _add_pipeline_commands(commands: Any) -> None:
     _add_shard(drop, None, required=True)
     _add_wait(drop, stopped)
     _add_dry_run(drop)
-    drop.set_defaults(handler=_pending)
+    drop.set_defaults(handler=handlers.pending_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -675,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         "each difference (key, recorded value, this config's value, compatible or not); "
         "exit 1 if any",
     )
-    check.set_defaults(handler=_config_check)
+    check.set_defaults(handler=handlers.config_check_command)
 
     init = commands.add_parser(
         "init",
@@ -703,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also create <table>_all, a Distributed table over every shard's table, on every "
         "replica: CLUSTER is its name in the ClickHouse servers' remote_servers",
     )
-    init.set_defaults(handler=_init)
+    init.set_defaults(handler=handlers.init_command)
     _add_ops_commands(commands)
 
     return parser

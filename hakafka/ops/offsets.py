@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 from hakafka.config import Config
@@ -407,6 +407,11 @@ def render_offsets(rows: Sequence[PartitionOffsets]) -> str:
     )
 
 
+def offsets_json(rows: Sequence[PartitionOffsets]) -> list[dict[str, object]]:
+    """What `offsets show --json` prints: each row's fields and its `lag`."""
+    return [{**asdict(r), "lag": r.lag} for r in rows]
+
+
 def show_pending(
     coordinator: Coordinator, shards: Sequence[int], pipelines: Sequence[str]
 ) -> list[tuple[int, str, PendingIntent]]:
@@ -427,3 +432,9 @@ def describe_pending(found: Sequence[tuple[int, str, PendingIntent]]) -> str:
     return "\n".join(
         f"shard {shard}, pipeline {name}: {block_summary(intent)}" for shard, name, intent in found
     )
+
+
+def pending_json(found: Sequence[tuple[int, str, PendingIntent]]) -> list[dict[str, object]]:
+    """What `pending show --json` prints: each block of `found` (see `show_pending`) as its
+    shard, pipeline and the fields of its intent."""
+    return [{"shard": s, "pipeline": n, **asdict(i)} for s, n, i in found]

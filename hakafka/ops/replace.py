@@ -101,6 +101,11 @@ def describe_done(node: str, *, cleared: bool) -> str:
     return f"{node} was not under replacement (nothing to do)"
 
 
+def done_json(node: str, *, cleared: bool) -> dict[str, object]:
+    """What `node replace --done --json` prints: `node` and whether its mark was `cleared`."""
+    return {"node": node, "cleared": cleared}
+
+
 def _leader(coordinator: Coordinator, shard: int) -> str | None:
     info = coordinator.leader_of(shard)
     return None if info is None else info.node

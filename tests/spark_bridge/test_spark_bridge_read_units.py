@@ -9,16 +9,11 @@ import pyarrow as pa
 import pytest
 
 from spark_bridge.cluster import Cluster, ShardReplicas, committed_condition
-from spark_bridge.datasource import (
-    SOURCE_NAME,
-    ClickHouseOptions,
-    ShardReadError,
-    ShardSlice,
-    parse_shards,
-    read_replicas,
-)
+from spark_bridge.datasource import SOURCE_NAME
 from spark_bridge.reader import above_checkpoint
 from spark_bridge.replicas import Replica
+from spark_bridge.source_options import ClickHouseOptions, parse_shards
+from spark_bridge.source_reader import ShardReadError, ShardSlice, read_replicas
 
 
 def test_the_source_has_a_name_of_its_own() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from devstack.clickhouse import ClickHouseService
 from spark_bridge.connection import Connection
-from spark_bridge.datasource import ClickHouseOptions, insert_settings, insert_task
+from spark_bridge.datasource import insert_settings, insert_task
+from spark_bridge.source_options import ClickHouseOptions
 from spark_bridge.tables import (
     Engine,
     TableDedup,

@@ -9,10 +9,12 @@ import pytest
 from pyarrow import flight
 from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
 
-from spark_bridge.datasource import arrow_file, filter_sql, parse_hosts, sql_literal
+from spark_bridge.datasource import arrow_file
 from spark_bridge.handoff import SliceHandoff, fetch_slice
 from spark_bridge.plan import sorted_rows, task_slices
 from spark_bridge.replicas import NoWritableReplicaError, Replica, RetryPolicy, write_order
+from spark_bridge.source_options import parse_hosts
+from spark_bridge.source_reader import filter_sql, sql_literal
 from spark_bridge.tables import Engine, TableSpec
 
 
