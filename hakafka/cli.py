@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hakafka import __version__
+from hakafka import __version__, logs
 from hakafka.config import DEFAULT_PATH, Config, ConfigError, check_data_dir
 from hakafka.ops import handlers
 from hakafka.ops.handlers import (
@@ -34,7 +34,6 @@ DEBUG_HELP = "on failure print the traceback; print the libraries' log lines (ka
 
 def _run(args: argparse.Namespace) -> int:
     """`run`: the daemon, until it stops (its exit code), with logging set up for it."""
-    from hakafka import logs
 
     def read() -> Config:
         config = load_with_table_columns(args.config)
@@ -409,34 +408,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _logs_to_stderr(debug: bool) -> None:
-    """Operator commands keep stdout for their results (JSON, CSV, Arrow): the log events of
-    the code they call go to stderr, warnings and errors only. The libraries' own log lines
-    (kazoo's "Connection dropped" on every retry, librdkafka's) are debug output: with
-    `debug`, every event and library line is printed; without, none of the libraries'.
-
-    The one logging setup of an operator command's process; `run` has `logs.configure`
-    instead (in `_run`, once its config is read), never both."""
-    import logging
-
-    import structlog
-
-    level = logging.DEBUG if debug else logging.WARNING
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
-    root = logging.getLogger()
-    # A handler on the root keeps Python's last-resort stderr handler from printing them.
-    root.addHandler(logging.StreamHandler(sys.stderr) if debug else logging.NullHandler())
-    root.setLevel(level)
-
-
 def _one_line(exc: BaseException) -> str:
     """`exc` as one line: its type and the first line of its text."""
     lines = str(exc).strip().splitlines()
@@ -453,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     operator_command = args.handler is not _run
     if operator_command:
-        _logs_to_stderr(args.debug)
+        logs.configure_stderr(args.debug)
     try:
         code: int = args.handler(args)
     except UsageError as exc:

@@ -10,6 +10,9 @@ Libraries write there too, never to the process's stdout or stderr on their own:
 loggers (kazoo, py4j) at WARNING and up through the same renderer; libraries whose every
 line is noise to an operator through `library_logger`, as debug events (librdkafka's log,
 Python warnings). Spark's output is `spark_bridge.jvm_output`'s.
+
+That is the daemon's setup (`configure`). An operator command keeps its stdout for its
+results and writes its log lines to stderr (`configure_stderr`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class LogLevel(StrEnum):
 _SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40, "exception": 40, "critical": 50}
 # syslog priorities of structlog's level names (journald reads them from a `<N>` prefix).
 _PRIORITIES = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "info": 6, "debug": 7}
+_STAMP = structlog.processors.TimeStamper(fmt="iso", utc=True)
 
 
 def is_journal(stream: IO[str]) -> bool:
@@ -149,7 +153,8 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
     """Configure structlog once per process; stdlib loggers (kazoo, py4j) write WARNING and
     up through the same renderer to the same sink, so every line has one format, and Python
     warnings are debug events (`python.warning`). Events below the sink's `level` are
-    dropped; changing it takes effect at once."""
+    dropped; changing it takes effect at once. For the daemon (`hakafka run`); an operator
+    command's process calls `configure_stderr` instead."""
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     out = sink or LogSink()
@@ -160,27 +165,22 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
             raise structlog.DropEvent
         return event
 
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else _console()
     if out.journal:
         renderer = _JournalPriority(renderer)
-    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
-    structlog.configure(
-        processors=[
+    _configure_structlog(
+        [
             below_level,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            stamp,
+            _STAMP,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
-        cache_logger_on_first_use=True,
+        out,
+        logging.DEBUG,  # `below_level` filters: a reload may lower the level
+        cache=True,
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(
@@ -189,7 +189,7 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
             foreign_pre_chain=[
                 structlog.stdlib.add_logger_name,
                 structlog.processors.add_log_level,
-                stamp,
+                _STAMP,
                 structlog.processors.format_exc_info,
             ],
         )
@@ -201,3 +201,41 @@ def configure(fmt: str = "json", level: str = "info", sink: LogSink | None = Non
     logging.captureWarnings(True)
     library_logger("py.warnings", "python.warning")
     return out
+
+
+def configure_stderr(debug: bool) -> None:
+    """Configure structlog once for an operator command's process, whose stdout holds its
+    results (JSON, CSV, Arrow): events go to stderr as console lines, warnings and errors
+    only. The libraries' own log lines (kazoo's "Connection dropped" on every retry,
+    librdkafka's) are debug output: with `debug`, every event and library line is printed;
+    without, none of the libraries'. The daemon's process calls `configure` instead."""
+    level = logging.DEBUG if debug else logging.WARNING
+    _configure_structlog(
+        [structlog.processors.add_log_level, _STAMP, _console()],
+        sys.stderr,
+        level,
+        cache=False,  # `main` may run again in this process (a test's), with another stderr
+    )
+    root = logging.getLogger()
+    # A handler on the root keeps Python's last-resort stderr handler from printing them.
+    root.addHandler(logging.StreamHandler(sys.stderr) if debug else logging.NullHandler())
+    root.setLevel(level)
+
+
+def _console() -> Any:
+    """The renderer of console lines (`log_format = "console"`, operator commands)."""
+    return structlog.dev.ConsoleRenderer(colors=False)
+
+
+def _configure_structlog(
+    processors: list[Any], out: IO[str] | LogSink, level: int, *, cache: bool
+) -> None:
+    """The one `structlog.configure` call: events below `level` are never built, the others
+    go through `processors` (the last renders the line) to `out`; with `cache`, each logger
+    binds its configuration on first use."""
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
+        cache_logger_on_first_use=cache,
+    )

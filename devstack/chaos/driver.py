@@ -109,8 +109,10 @@ class ChaosTargets:
 
     def start_node(self, name: str) -> None:
         """Start daemon `name` (inside the namespace if it is the namespaced one), first
-        marking the restart in its log (`NODE_STARTING`)."""
+        marking the restart in its log (`NODE_STARTING`) and starting its own ClickHouse
+        replica if it has one that is down."""
         node = self.cluster.nodes[name]
+        self.cluster.start_replica(name)
         mark_start(node.log_path, name)
         if self.netns is not None and name == self.netns_node:
             self.netns.start_daemon(node)

@@ -178,6 +178,17 @@ class Coordinator:
         """True while the ZooKeeper session is connected."""
         return self._started and self._session.connected
 
+    @property
+    def session(self) -> ZkSession:
+        """The ZooKeeper session this coordinator owns, for reading znodes and the session's
+        id. Writes go through the coordinator, so they never race the election logic."""
+        return self._session
+
+    def settle(self, timeout_s: float) -> None:
+        """Return once the coordination work queued before this call has run (such as each
+        election's first evaluation after a `join`); TimeoutError after `timeout_s`."""
+        self._call(lambda: None, timeout_s)
+
     # -- layout and registry ----------------------------------------------------------------
 
     def init_paths(self, shards: Iterable[int]) -> None:

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from hakafka.config import Config, PipelineConfig
-from hakafka.coordination import Coordinator
+from hakafka.coordination import Coordinator, paths
 from hakafka.drift import Difference, agree, cluster_settings, compare
 from hakafka.ops.cluster import OpsError
 from hakafka.settings import pipeline_schema
@@ -27,6 +27,11 @@ class Recording(StrEnum):
     REPLACE = "replace"  # record whatever differs, only while no daemon runs (`--replace`)
 
 
+def _settings_znode(config: Config) -> str:
+    """The znode that records the shard-wide settings, as an operator finds it (with the root)."""
+    return f"{config.zookeeper.root}{paths.SETTINGS}"
+
+
 def _listed(differences: tuple[Difference, ...] | list[Difference]) -> str:
     return "\n".join(f"  - {d}" for d in differences)
 
@@ -34,7 +39,7 @@ def _listed(differences: tuple[Difference, ...] | list[Difference]) -> str:
 def record_settings(coordinator: Coordinator, config: Config, how: Recording) -> list[str]:
     """Record `config`'s shard-wide settings as `how` allows; what was done, line by line.
     OpsError names every difference refused, with the migration steps."""
-    where = f"{config.zookeeper.root}/settings"
+    where = _settings_znode(config)
     if how is Recording.REPLACE:
         return _replace(coordinator, config, where)
     agreement = agree(coordinator.settings, config, accept_compatible=how is Recording.UPDATE)
@@ -91,7 +96,7 @@ def _replace(coordinator: Coordinator, config: Config, where: str) -> list[str]:
 def cluster_check(coordinator: Coordinator, config: Config) -> tuple[list[str], bool]:
     """Compare `config` with the recorded settings without writing anything: the lines to
     print, and True when nothing differs (or nothing is recorded yet)."""
-    where = f"{config.zookeeper.root}/settings"
+    where = _settings_znode(config)
     found = coordinator.settings.read()
     if found is None:
         return [f"{where}: nothing recorded yet (`hakafka init` or the first node records)"], True

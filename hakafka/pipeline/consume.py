@@ -46,7 +46,7 @@ REGISTRY_RETRY_MAX_S = 10.0
 class ConsumeLane:
     """Moves consumed batches into the WAL and the buffer; runs on the pipeline thread."""
 
-    lane: PipelineContext
+    context: PipelineContext
     decoder: Decoder
     consumer: Consumer | None = None
     # The retry policies, from the constants above as they are when the lane is made.
@@ -70,7 +70,7 @@ class ConsumeLane:
         it appears; one without a known offset starts per the reset policy. A metadata error
         is retried with backoff (beating) until it clears or the pipeline stops."""
         self.consumer, self._starts = consumer, dict(starts)
-        signals = self.lane.signals
+        signals = self.context.signals
 
         def attempt() -> list[int]:
             assigned = consumer.assign(starts)
@@ -88,7 +88,7 @@ class ConsumeLane:
             ),
         )
         self._recorded = consumer.position()
-        self.lane.log.info(
+        self.context.log.info(
             "consumer.assigned",
             partitions=assigned,
             start_offsets=self._recorded,
@@ -99,8 +99,8 @@ class ConsumeLane:
         self, what: str, exc: KafkaMetadataError, attempt: int, delay: float
     ) -> None:
         """Report a metadata error (the pipeline waits for Kafka), retried after `delay`."""
-        self.lane.status.wait(Waiting.KAFKA_UNREACHABLE, f"Kafka unreachable: {exc}"[:500])
-        self.lane.log.warning(
+        self.context.status.wait(Waiting.KAFKA_UNREACHABLE, f"Kafka unreachable: {exc}"[:500])
+        self.context.log.warning(
             "consumer.metadata_retry", what=what, error=str(exc), attempt=attempt, backoff_s=delay
         )
 
@@ -108,15 +108,15 @@ class ConsumeLane:
         """Kafka answered metadata: end that wait; wait for the topic while it does not exist
         (a partition-less assignment of an existing topic is an idle shard, not a wait).
         True while the topic is missing."""
-        status, topic = self.lane.status, self.lane.config.topic
+        status, topic = self.context.status, self.context.config.topic
         if status.done_waiting(Waiting.KAFKA_UNREACHABLE) is not None:
-            self.lane.log.info("consumer.kafka_reachable")
+            self.context.log.info("consumer.kafka_reachable")
         missing = not consumer.position() and not consumer.topic_partitions()
         if not missing:
             if status.done_waiting(Waiting.TOPIC_MISSING) is not None:
-                self.lane.log.info("consumer.topic_found", topic=topic)
+                self.context.log.info("consumer.topic_found", topic=topic)
         elif status.wait(Waiting.TOPIC_MISSING, f"topic {topic} does not exist"):
-            self.lane.log.error("consumer.topic_missing", topic=topic)
+            self.context.log.error("consumer.topic_missing", topic=topic)
         return missing
 
     def _refresh(self, consumer: Consumer) -> float:
@@ -147,13 +147,13 @@ class ConsumeLane:
         buffer, no block pending or in flight): a quiet topic, whose last checkpoint's age is
         no stall. A partition whose high watermark no fetch has brought yet has unknown lag,
         not none: a new leader's first polls come back empty before that."""
-        status = self.lane.status
+        status = self.context.status
         return (
             status.pending_block is None
-            and self.lane.signals.flush_idle.is_set()
+            and self.context.signals.flush_idle.is_set()
             and self.lag.keys() >= self.positions.keys()
             and not any(self.lag.values())
-            and self.lane.buffer.stats().rows == 0
+            and self.context.buffer.stats().rows == 0
         )
 
     def _record_ranges(self, decoded: DecodedBatch, positions: dict[int, int]) -> Ranges:
@@ -162,7 +162,7 @@ class ConsumeLane:
         across offsets without messages). A partition whose position only moved past such
         offsets rides along with no rows. A position reset (`out_of_range = earliest`) is
         covered by taking in the batch's own message offsets."""
-        topic = self.lane.config.topic
+        topic = self.context.config.topic
         ranges: Ranges = {}
         for partition, position in positions.items():
             first, end = self._recorded.get(partition, position), position
@@ -181,19 +181,19 @@ class ConsumeLane:
         """`offsets` offsets of `partition` between `first` and `end` came without a message:
         Kafka allows it (transaction markers, aborted transactions, compaction), so they only
         count and, past one, are logged. A broker that lost records shows here first."""
-        self.lane.meters.offset_gap(partition, offsets)
+        self.context.meters.offset_gap(partition, offsets)
         if offsets > 1:
-            self.lane.log.info(
+            self.context.log.info(
                 "consumer.offset_gap", partition=partition, first=first, end=end, offsets=offsets
             )
 
     def run(self, wal: Wal) -> None:
         """Consume until the pipeline stops."""
-        consumer, lane = self.consumer, self.lane
-        signals = lane.signals
+        consumer, context = self.consumer, self.context
+        signals = context.signals
         assert consumer is not None
-        batch_sync = lane.config.wal.fsync is FsyncPolicy.BATCH
-        topic = lane.config.topic
+        batch_sync = context.config.wal.fsync is FsyncPolicy.BATCH
+        topic = context.config.topic
         next_refresh = time.monotonic()  # at once: a known partition may still be missing
         while not signals.stop.is_set():
             signals.beat()
@@ -206,78 +206,78 @@ class ConsumeLane:
             messages = consumer.consume(CONSUME_BATCH, POLL_TIMEOUT_S)
             self.positions, self.lag = consumer.position(), consumer.lag()
             if not messages:
-                if Waiting.CHECKPOINT_OVERDUE in lane.status.waits and self._nothing_owed():
-                    lane.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)
+                if Waiting.CHECKPOINT_OVERDUE in context.status.waits and self._nothing_owed():
+                    context.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)
                 continue
             decoded = self._decode(messages)
             ranges = self._record_ranges(decoded, self.positions)
             began = time.perf_counter()
             header, payload = encode(
-                WalBatch(lane.config.name, ranges, decoded.rows, decoded.dead_letters)
+                WalBatch(context.config.name, ranges, decoded.rows, decoded.dead_letters)
             )
             position = wal.append(header, payload)
             if batch_sync:
                 wal.sync()
-            lane.crash.hit("consume.after_wal")
-            lane.meters.consumed(
+            context.crash.hit("consume.after_wal")
+            context.meters.consumed(
                 decoded,
                 sum(map(len, messages)),
                 len(header) + len(memoryview(payload)),
                 time.perf_counter() - began,
                 batch_sync,
             )
-            lane.index.add(position, {p: r for (t, p), r in ranges.items() if t == topic})
+            context.index.add(position, {p: r for (t, p), r in ranges.items() if t == topic})
             self.append(decoded.rows, decoded.dead_letters, ranges)
 
     def _decode(self, messages: Sequence[ConsumedMessage]) -> DecodedBatch:
         """Decode `messages`; while the schema registry cannot answer, wait and decode the
         same batch again (an outage, never a bad message), with the error in `status`.
         PipelineStopped if the pipeline stops meanwhile."""
-        lane = self.lane
+        context = self.context
 
         def unavailable(exc: RegistryUnavailableError, attempt: int, delay: float) -> None:
-            lane.status.wait(Waiting.REGISTRY_UNAVAILABLE, str(exc)[:500])
-            lane.log.warning(
+            context.status.wait(Waiting.REGISTRY_UNAVAILABLE, str(exc)[:500])
+            context.log.warning(
                 "decode.registry_retry", error=str(exc), attempt=attempt, backoff_s=delay
             )
 
         try:
             decoded, attempts = self.registry_retry.call(
                 lambda: self.decoder.decode(messages),
-                lane.signals.waiter,
+                context.signals.waiter,
                 retry_on=RegistryUnavailableError,
                 stopped=lambda: PipelineStopped("stopped while waiting for the schema registry"),
                 on_retry=unavailable,
             )
             if attempts > 1:
-                lane.log.info("decode.registry_recovered", attempts=attempts)
+                context.log.info("decode.registry_recovered", attempts=attempts)
             return decoded
         finally:
-            lane.status.done_waiting(Waiting.REGISTRY_UNAVAILABLE)
+            context.status.done_waiting(Waiting.REGISTRY_UNAVAILABLE)
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append to the buffer (the gauges follow); at its limit pause the partitions and
         wait for a commit. PipelineStopped if the pipeline stops meanwhile."""
-        lane, paused = self.lane, False
+        context, paused = self.context, False
         try:
             while True:
-                seen = lane.signals.commits  # before the attempt: a commit after it counts
+                seen = context.signals.commits  # before the attempt: a commit after it counts
                 try:
-                    lane.buffer.append(rows, dead, ranges)
-                    lane.meters.buffer(lane.buffer)
+                    context.buffer.append(rows, dead, ranges)
+                    context.meters.buffer(context.buffer)
                     return
                 except BufferFull as exc:
                     if not paused:
                         paused = True
-                        lane.status.wait(
+                        context.status.wait(
                             Waiting.BUFFER_FULL,
                             f"{exc.nbytes} bytes buffered of {exc.limit_bytes}, "
                             "consumption paused until a flush commits",
                         )
                         if self.consumer is not None:
                             self.consumer.pause()
-                        lane.meters.backpressure(True)
-                        lane.log.info(
+                        context.meters.backpressure(True)
+                        context.log.info(
                             "consumer.paused",
                             reason="buffer full",
                             buffered=exc.nbytes,
@@ -286,16 +286,16 @@ class ConsumeLane:
                     self._wait_commit(seen)
         finally:
             if paused:
-                lane.status.done_waiting(Waiting.BUFFER_FULL)
+                context.status.done_waiting(Waiting.BUFFER_FULL)
                 if self.consumer is not None:
                     self.consumer.resume()
-                lane.meters.backpressure(False)
-                lane.log.info("consumer.resumed")
+                context.meters.backpressure(False)
+                context.log.info("consumer.resumed")
 
     def _wait_commit(self, seen: int) -> None:
         """Return once a flush committed after `seen` commits, beating; PipelineStopped if
         the pipeline stops first."""
-        signals = self.lane.signals
+        signals = self.context.signals
         if not signals.waiter.until(lambda timeout: signals.wait_commit(seen, timeout)):
             raise PipelineStopped("stopped while the buffer was full") from None
 

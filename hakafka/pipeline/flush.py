@@ -73,7 +73,7 @@ class FlushLane:
     after it committed. Meanwhile the consumer already runs; the buffer fills up to its
     limit, then backpressure holds it."""
 
-    lane: PipelineContext
+    context: PipelineContext
     thresholds: Thresholds
     parts: PipelineParts
     decoder: Decoder
@@ -91,8 +91,8 @@ class FlushLane:
     def run(self) -> None:
         """Seal and flush whenever the thresholds say so, until the pipeline stops. A flush
         that cannot go on (fenced, stopped) ends the loop; any other error fails the pipeline."""
-        lane = self.lane
-        signals = lane.signals
+        context = self.context
+        signals = context.signals
         try:
             self.mirror = self.parts.mirror() if self.parts.mirror is not None else None
             self._retry(
@@ -107,19 +107,20 @@ class FlushLane:
                 signals.check_stop("stopped")
                 draining = signals.draining.is_set()
                 if not signals.gate.is_set() or not (
-                    draining or should_flush(self.thresholds, lane.buffer.stats(), time.monotonic())
+                    draining
+                    or should_flush(self.thresholds, context.buffer.stats(), time.monotonic())
                 ):
                     continue
-                block = lane.buffer.seal()
+                block = context.buffer.seal()
                 if block is not None:
                     planned = plan_block(block, self.rows_per_task)
                     self.flush_and_commit(planned, intent_written=False)
                 elif draining:
                     self.drained = True
-                    lane.log.info("flush.drained", checkpoint=self.checkpoint)
+                    context.log.info("flush.drained", checkpoint=self.checkpoint)
                     return
         except (PipelineStopped, FencedError) as exc:
-            lane.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)
+            context.log.info("flush.stopped", reason=str(exc) or type(exc).__name__)
         except Exception as exc:
             # These fail the same way on every leader: they wait for ops. A pending block past
             # retention under out_of_range = "fail" (kafka.out_of_range = "earliest" skips
@@ -128,22 +129,22 @@ class FlushLane:
             permanent = isinstance(
                 exc, (OffsetOutOfRangeError, BlockMismatchError, CheckpointRegressionError)
             )
-            lane.log.error("flush.failed_permanently", error=f"{type(exc).__name__}: {exc}")
-            lane.status.fail(exc, lane.log, restartable=not permanent)
+            context.log.error("flush.failed_permanently", error=f"{type(exc).__name__}: {exc}")
+            context.status.fail(exc, context.log, restartable=not permanent)
             signals.stop.set()
         finally:
             # A lane that ended makes no progress to wait for.
-            lane.status.done_waiting(Waiting.RETRYING_CLICKHOUSE)
+            context.status.done_waiting(Waiting.RETRYING_CLICKHOUSE)
             signals.beats_end()
             if self.mirror is not None:
                 self.mirror.close()
 
     def _reflush(self, pending: PendingReflush) -> None:
         """Flush exactly the pending ranges again, with the same block id (same tokens)."""
-        lane, topic = self.lane, self.lane.config.topic
-        lane.status.reflushing, lane.status.pending_block = True, pending.intent.block_id
+        context, topic = self.context, self.context.config.topic
+        context.status.reflushing, context.status.pending_block = True, pending.intent.block_id
         # In flight from here (a re-fetch can take a while): stop(grace) waits, then abandons.
-        lane.signals.begin_flush()
+        context.signals.begin_flush()
         try:
             if (local := self._wal_block(pending)) is not None:
                 source, block = "wal", local
@@ -154,14 +155,14 @@ class FlushLane:
                     None,
                     lambda: self.parts.refetch(pending.ranges, self.decoder, self._step),
                 )
-                lane.status.refetched_rows += rows.num_rows
+                context.status.refetched_rows += rows.num_rows
                 block = make_block(
                     pending.intent.block_id,
                     {(topic, p): r for p, r in pending.ranges.items()},
                     rows,
                     dead,
                 )
-            lane.log.info(
+            context.log.info(
                 "pending.reflush",
                 block=block.block_id,
                 source=source,
@@ -169,17 +170,17 @@ class FlushLane:
                 dead=block.dead_count,
             )
             planned = follow_plan(
-                block, pending.intent, block_settings(lane.config), self.rows_per_task
+                block, pending.intent, block_settings(context.config), self.rows_per_task
             )
             self.flush_and_commit(planned, intent_written=True)
         finally:
-            lane.status.reflushing = False
-            lane.signals.flush_idle.set()
+            context.status.reflushing = False
+            context.signals.flush_idle.set()
 
     def _wal_block(self, pending: PendingReflush) -> PipelineBlock | None:
         """The pending block from the local WAL once recovery's pass has decided (None: from
         Kafka); PipelineStopped if the pipeline stops first."""
-        signals = self.lane.signals
+        signals = self.context.signals
         signals.check_stop("stopped while recovery read the WAL")
         waiter = Waiter(signals.stop, signals.beat, WAL_PASS_CHECK_S)
         if not waiter.until(lambda timeout: bool(futures.wait((pending.block,), timeout).done)):
@@ -188,19 +189,19 @@ class FlushLane:
 
     def _step(self) -> None:
         """Called by a long re-fetch on every poll: beats, and ends it when stopping."""
-        self.lane.signals.beat()
-        if self.lane.signals.stop.is_set() and self.lane.signals.abandoned.is_set():
+        self.context.signals.beat()
+        if self.context.signals.stop.is_set() and self.context.signals.abandoned.is_set():
             raise PipelineStopped("re-fetch abandoned")
 
     def flush_and_commit(self, planned: PlannedBlock, *, intent_written: bool) -> None:
         """pending -> ClickHouse (retried until it lands) -> checkpoint -> drop -> truncate."""
-        lane, block = self.lane, planned.block
-        signals = lane.signals
+        context, block = self.context, planned.block
+        signals = context.signals
         signals.check_stop("stopped before a flush")
         signals.begin_flush()
         try:
             began = time.monotonic()
-            name, topic = lane.config.name, lane.config.topic
+            name, topic = context.config.name, context.config.topic
             parts = {p: rng for (t, p), rng in block.ranges.items() if t == topic}
             if not intent_written:
                 self._check_not_below(block.block_id, parts)
@@ -209,37 +210,37 @@ class FlushLane:
                     {topic: {p: (r.first, r.last + 1) for p, r in parts.items()}},
                     self.parts.fenced.epoch,
                     planned.tasks,
-                    block_settings(lane.config),
+                    block_settings(context.config),
                 )
                 signals.wait_gate()
                 self.parts.fenced.write_pending(name, intent)
-                lane.crash.hit("flush.after_pending")
-            lane.status.pending_block = block.block_id
+                context.crash.hit("flush.after_pending")
+            context.status.pending_block = block.block_id
             flushed = self._retry(
                 "flush", block, lambda: self.parts.sink.flush(planned, self.parts.replicas())
             )
-            lane.crash.hit("flush.after_insert")
+            context.crash.hit("flush.after_insert")
             signals.wait_gate()
             if signals.abandoned.is_set():
                 raise PipelineStopped("flush abandoned")
             ends = {p: r.last + 1 for p, r in parts.items()}
             committed = self.parts.fenced.commit_checkpoint(name, {topic: ends})
             self.checkpoint = {int(p): int(o) for p, o in committed.get(topic, {}).items()}
-            lane.crash.hit("flush.after_checkpoint")
+            context.crash.hit("flush.after_checkpoint")
             if self.mirror is not None:
                 self.mirror.publish(self.checkpoint)
-            lane.buffer.commit(block)
+            context.buffer.commit(block)
             signals.note_commit()
-            lane.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)
+            context.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)
             self._truncate_wal()
             took = time.monotonic() - began
-            status = lane.status
+            status = context.status
             status.pending_block = None
             status.flushes.append(Flush(block.block_id, block.row_count, took, time.time()))
             status.checkpoint = dict(self.checkpoint)
-            lane.meters.flushed(flushed.rows, took)
-            lane.meters.buffer(lane.buffer)
-            lane.log.info(
+            context.meters.flushed(flushed.rows, took)
+            context.meters.buffer(context.buffer)
+            context.log.info(
                 "flush.committed",
                 block=block.block_id,
                 rows=block.row_count,
@@ -273,7 +274,7 @@ class FlushLane:
         """`call()` until it succeeds, backing off per `retry` (0.5 s to 10 s), each attempt
         once the gate is open; PipelineStopped if the pipeline stops meanwhile. ClickHouse
         being away is waited out, never skipped; a `NOT_RETRIED` error propagates."""
-        lane, signals = self.lane, self.lane.signals
+        context, signals = self.context, self.context.signals
 
         def before() -> None:
             signals.beat()
@@ -283,9 +284,9 @@ class FlushLane:
             error = f"{type(exc).__name__}: {exc}"[:500]
             # Shown by `status` while it lasts; the shard reports the pipeline stuck once it
             # lasts `stuck_after` (the retries go on).
-            lane.status.wait(Waiting.RETRYING_CLICKHOUSE, f"{what} failing: {error}")
-            lane.meters.flush_failed()
-            lane.log.warning(
+            context.status.wait(Waiting.RETRYING_CLICKHOUSE, f"{what} failing: {error}")
+            context.meters.flush_failed()
+            context.log.warning(
                 f"{what}.retry",
                 block=None if block is None else block.block_id,
                 attempt=attempt,
@@ -302,18 +303,18 @@ class FlushLane:
             before=before,
             on_retry=failed,
         )
-        if lane.status.done_waiting(Waiting.RETRYING_CLICKHOUSE) is not None:
-            lane.log.info(f"{what}.recovered", attempts=attempts)
+        if context.status.done_waiting(Waiting.RETRYING_CLICKHOUSE) is not None:
+            context.log.info(f"{what}.recovered", attempts=attempts)
         return result
 
     def _truncate_wal(self) -> None:
         wal = self.wal
         if wal is None:
             return
-        point = self.lane.index.truncation_point(self.checkpoint)
+        point = self.context.index.truncation_point(self.checkpoint)
         if point is not None:
             removed = wal.truncate_before(point)
             if removed:
-                self.lane.log.info(
+                self.context.log.info(
                     "wal.truncated", segments=[p.name for p in removed], before=str(point)
                 )

@@ -134,7 +134,7 @@ def test_metadata_errors_are_retried_with_backoff_while_the_lane_beats(
     took = time.monotonic() - began
     assert kafka.assigned == [[(0, 5), (1, 7)]], "assigned once, when metadata was whole"
     assert 0.5 + 1 + 2 <= took < 10, took  # backoff 0.5 s, 1 s, 2 s
-    assert lane.lane.signals.stalled_for(time.monotonic()) < 1.0, "it kept beating"
+    assert lane.context.signals.stalled_for(time.monotonic()) < 1.0, "it kept beating"
     out = capsys.readouterr().out
     assert out.count("consumer.metadata_retry") == 3
     assert "metadata request failed" in out
@@ -157,7 +157,7 @@ def test_an_error_of_another_shards_partition_does_not_hold_this_one_up(
 def test_a_stop_ends_the_metadata_retries(client: list[StandInClient], tmp_path: Path) -> None:
     pc, _ = consumer(client, answer([0], error=KafkaError.LEADER_NOT_AVAILABLE))
     lane = Harness(tmp_path, pipeline_config(), Topic(partitions=1)).consume_lane()
-    threading.Timer(1.0, lane.lane.signals.stop.set).start()
+    threading.Timer(1.0, lane.context.signals.stop.set).start()
     began = time.monotonic()
     with pytest.raises(PipelineStopped, match="Kafka metadata"):
         lane.assign(pc, {0: 5})

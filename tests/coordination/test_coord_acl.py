@@ -85,7 +85,7 @@ def test_a_node_id_held_by_a_live_session_is_refused_not_taken_over(
     coordinators: Any, zk_root: str
 ) -> None:
     first = coordinators("n1")
-    owner = first._session.session_id
+    owner = first.session.session_id
     first.register()  # the same session again: a no-op, not a conflict
     second = coordinators("n1", register=False)
     config = second.config
@@ -103,7 +103,7 @@ def test_a_node_id_held_by_a_live_session_is_refused_not_taken_over(
     # It waited for a previous session to end (it may be a restart), and no longer.
     expiry = config.session_timeout_s + config.request_timeout_s
     assert expiry <= took < expiry + 3 * config.request_timeout_s, took
-    stat = first._session.exists(paths.node("n1"))
+    stat = first.session.exists(paths.node("n1"))
     assert stat is not None and stat.ephemeralOwner == owner
     assert list(first.nodes()) == ["n1"]
 
@@ -114,7 +114,7 @@ def test_a_restart_before_the_old_session_expired_registers_once_it_ends(
 ) -> None:
     crashed = candidates("n1")  # registers nodes/n1 in a process of its own
     watcher = coordinators("watcher", register=False)
-    before = watcher._session.exists(paths.node("n1"))
+    before = watcher.session.exists(paths.node("n1"))
     assert before is not None and before.ephemeralOwner != 0
     crashed.signal(signal.SIGKILL)  # its session lives on until ZooKeeper expires it
     restarted = coordinators("n1", register=False)
@@ -123,6 +123,6 @@ def test_a_restart_before_the_old_session_expired_registers_once_it_ends(
     took = time.monotonic() - started
     config = restarted.config
     assert took < config.session_timeout_s + config.request_timeout_s, took
-    after = watcher._session.exists(paths.node("n1"))
+    after = watcher.session.exists(paths.node("n1"))
     assert after is not None
-    assert after.ephemeralOwner == restarted._session.session_id != before.ephemeralOwner
+    assert after.ephemeralOwner == restarted.session.session_id != before.ephemeralOwner

@@ -51,7 +51,7 @@ def stand(
         joined[node] = coordinator.join(0, on_change=on_change)
         one_leader.add_leadership(node, joined[node])
         # Its first evaluation (standing or withdrawing) is done before the next node joins.
-        coordinator._worker.submit(lambda: None).result(ELECT_TIMEOUT_S)
+        coordinator.settle(ELECT_TIMEOUT_S)
     wait_until(
         lambda: made[nodes[-1]].leader_of(0) is not None, timeout=ELECT_TIMEOUT_S, what="a leader"
     )
@@ -188,12 +188,12 @@ def test_failover_to_lands_on_the_requested_node(
     wait_until(lambda: sees_leader(ops, "n3"), timeout=2.0, what="n3 in the leader znode")
     # The request is gone and the others stand again.
     wait_until(
-        lambda: made["n2"]._session.exists(paths.failover(0)) is None,
+        lambda: made["n2"].session.exists(paths.failover(0)) is None,
         timeout=3.0,
         what="request deleted",
     )
     wait_until(
-        lambda: len(made["n2"]._session.children(paths.election(0))) == 3,
+        lambda: len(made["n2"].session.children(paths.election(0))) == 3,
         timeout=3.0,
         what="all three standing again",
     )
@@ -203,7 +203,7 @@ def test_failover_to_lands_on_the_requested_node(
     new = wait_new_leader(joined, "n3", 5.0)
     assert new in ("n1", "n2")
     wait_until(
-        lambda: ops._session.exists(paths.failover(0)) is None,
+        lambda: ops.session.exists(paths.failover(0)) is None,
         timeout=3.0,
         what="request deleted",
     )
@@ -232,7 +232,7 @@ def test_failover_refusals_name_the_node_and_why(
         ops.request_failover(0, to="n2")
     with pytest.raises(FailoverRefused, match=r"node n9 is not a candidate of shard 0"):
         ops.request_failover(0, to=outsider.node_id)
-    assert ops._session.exists(paths.failover(0)) is None
+    assert ops.session.exists(paths.failover(0)) is None
     assert leader(joined) == "n1"
     one_leader.assert_never_two()
 
@@ -253,17 +253,17 @@ def test_failover_target_that_does_not_take_over_times_out(
     with pytest.raises(FailoverRefused, match="already pending"):
         ops.request_failover(0, to="n2")
     wait_until(
-        lambda: len(ops._session.children(paths.election(0))) == 2,
+        lambda: len(ops.session.children(paths.election(0))) == 2,
         timeout=3.0,
         what="n2 stepping aside (only n1 and n3 stand)",
     )
     wait_until(
-        lambda: ops._session.exists(paths.failover(0)) is None,
+        lambda: ops.session.exists(paths.failover(0)) is None,
         timeout=5.0,
         what="expired request deleted by the leader",
     )
     wait_until(
-        lambda: len(ops._session.children(paths.election(0))) == 3,
+        lambda: len(ops.session.children(paths.election(0))) == 3,
         timeout=3.0,
         what="n2 standing again",
     )
@@ -282,8 +282,8 @@ def test_leader_status_and_leave(leadership_log: Any, coordinators: Any, one_lea
     made["n1"].leave(0)
     assert wait_new_leader(joined, "n1", 2.0) == "n2"
     assert joined["n1"].state is LeadershipState.FOLLOWER
-    assert made["n2"]._session.children(paths.election(0)) != []
-    assert len(made["n2"]._session.children(paths.election(0))) == 1
+    assert made["n2"].session.children(paths.election(0)) != []
+    assert len(made["n2"].session.children(paths.election(0))) == 1
     assert set(made["n2"].nodes()) == {"n1", "n2"}
     assert made["n2"].nodes()["n1"].http == "http://127.0.0.1:1/n1"
     one_leader.assert_never_two()

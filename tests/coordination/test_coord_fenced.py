@@ -94,7 +94,7 @@ def test_not_leading_has_no_fenced_state(coordinators: Any, one_leader: Any) -> 
     follower = coordinators("n2").join(0)
     one_leader.add_leadership("n2", follower)
     wait_until(
-        lambda: len(coordinators.made[1]._session.children(paths.election(0))) == 2,
+        lambda: len(coordinators.made[1].session.children(paths.election(0))) == 2,
         timeout=5,
         what="n2 standing",
     )
@@ -132,7 +132,7 @@ def test_the_monotonic_check_holds_against_a_write_between_read_and_commit(
     path = f"{zk_root}{paths.checkpoint(0, 'p')}"
     raw = KazooClient(hosts=zookeeper_ensemble.hosts, timeout=10.0)
     raw.start(timeout=10)
-    session = fenced._session
+    session = coordinators.made[0].session  # n1's, which `fenced` reads and writes through
     exists = session.exists
     writes: list[Any] = []
 

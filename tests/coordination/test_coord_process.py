@@ -147,7 +147,7 @@ def test_crash_of_the_ensemble_leader_member_keeps_one_leader(
 
         def settled() -> bool:
             leading = [n for n, lead in joined.items() if lead.state is LeadershipState.LEADER]
-            return len(leading) == 1 and all(c._session.connected for c in coordinators.made)
+            return len(leading) == 1 and all(c.connected for c in coordinators.made)
 
         zookeeper_ensemble.wait_settled(timeout=30)
         wait_until(settled, timeout=30, what="one leader after the ZooKeeper leader crashed")

@@ -46,7 +46,7 @@ def test_an_abort_removes_reports_that_land_while_it_runs(coordinators: Any) -> 
     coordinator, leadership = lead(coordinators)
     store = coordinator.reshard
     assert store.request(ReshardRequest("ops", time.time(), 0, 3))
-    session = store._session
+    session = coordinator.session  # the one `store` reads and writes through
     children = session.children
     info = DrainedInfo("n1", leadership.epoch, leadership.token)
 

@@ -31,7 +31,7 @@ from hakafka.coordination import (
 def expire_session(hosts: str, coordinator: Any) -> None:
     """Expire `coordinator`'s session the way ZooKeeper's own tests do: open a second client
     with the same session id and password, then close it."""
-    sid, password = coordinator._session.client.client_id
+    sid, password = coordinator.session.client.client_id
     twin = KazooClient(hosts=hosts, client_id=(sid, password), timeout=10.0)
     twin.start(timeout=10)
     twin.stop()
@@ -51,9 +51,9 @@ def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
     second = n2.join(0, on_change=leadership_log.callback("n2"))
     one_leader.add_leadership("n2", second)
     wait_until(
-        lambda: len(n2._session.children(paths.election(0))) == 2, timeout=5, what="n2 standing"
+        lambda: len(n2.session.children(paths.election(0))) == 2, timeout=5, what="n2 standing"
     )
-    old_session = n1._session.session_id
+    old_session = n1.session.session_id
     expire_session(zookeeper_ensemble.hosts, n1)
     assert second.wait_leader(10), "n2 did not take over after n1's session expired"
     wait_until(
@@ -65,15 +65,15 @@ def test_lost_session_drops_leadership_then_reregisters_and_stands_again(
     assert lost[0].reason == "zookeeper session lost"
     # A new session: nodes/n1 is back (owned by it) and n1 stands again behind n2.
     wait_until(
-        lambda: n1._session.connected and n1._session.session_id != old_session,
+        lambda: n1.session.connected and n1.session.session_id != old_session,
         timeout=10,
         what="n1 reconnected with a new session",
     )
     wait_until(lambda: "n1" in n2.nodes(), timeout=5, what="nodes/n1 re-created")
-    stat = n2._session.exists(paths.node("n1"))
-    assert stat is not None and stat.ephemeralOwner == n1._session.session_id
+    stat = n2.session.exists(paths.node("n1"))
+    assert stat is not None and stat.ephemeralOwner == n1.session.session_id
     wait_until(
-        lambda: len(n2._session.children(paths.election(0))) == 2,
+        lambda: len(n2.session.children(paths.election(0))) == 2,
         timeout=5,
         what="n1 standing again",
     )

@@ -60,7 +60,7 @@ def owner_of_leader(reader: KazooClient) -> int | None:
 
 
 def session_of(coordinator: Coordinator) -> int:
-    sid = coordinator._session.session_id  # the session whose ephemerals the test reads back
+    sid = coordinator.session.session_id  # the session whose ephemerals the test reads back
     assert sid is not None
     return sid
 
@@ -112,7 +112,7 @@ def test_a_resignation_whose_request_is_lost_is_retried_until_it_lands(
     wait_until(lambda: leads(first), timeout=10, what="n1 leading")
     n2 = coordinators("n2")
     second = n2.join(0)
-    n2._worker.submit(lambda: None).result(10)  # n2 stands
+    n2.settle(10)  # n2 stands
 
     proxy.lose_request_to(Op.MULTI)  # the resign multi-op: delete `leader` and the candidate
     if how == "resign":

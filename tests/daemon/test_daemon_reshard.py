@@ -15,6 +15,7 @@ from devstack.chaos.checks import event_time, log_events
 from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import Produced, create_topic, produce, tally
+from hakafka.coordination import paths
 from tests.commands import edit, hakafka
 from tests.helpers.landing import assert_exactly_once
 
@@ -58,7 +59,7 @@ def checkpoints(stack: StackEndpoints, zk_root: str, shards: int) -> dict[int, d
     try:
         found: dict[int, dict[int, int]] = {}
         for shard in range(shards):
-            path = f"{zk_root}/shards/{shard}/pipelines/events/checkpoint"
+            path = f"{zk_root}{paths.checkpoint(shard, 'events')}"
             if zk.exists(path):
                 (topic,) = json.loads(zk.get(path)[0]).values()
                 found[shard] = {int(p): int(o) for p, o in topic.items()}

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import create_topic
+from hakafka.coordination import paths
 from tests.commands import edit, hakafka
 from tests.helpers.logs import events
 
@@ -28,9 +29,10 @@ def candidates(stack: StackEndpoints, zk_root: str) -> dict[int, list[str]]:
     try:
         found = {}
         for shard in SHARDS:
-            election = f"{zk_root}/shards/{shard}/election"
-            names = zk.get_children(election)
-            found[shard] = sorted(zk.get(f"{election}/{n}")[0].decode() for n in names)
+            names = zk.get_children(f"{zk_root}{paths.election(shard)}")
+            found[shard] = sorted(
+                zk.get(f"{zk_root}{paths.candidate(shard, n)}")[0].decode() for n in names
+            )
         return found
     finally:
         zk.stop()

@@ -15,7 +15,7 @@ from kazoo.exceptions import NoAuthError
 
 from devstack.process import free_port
 from hakafka.config import ENV_ZK_PASSWORD
-from hakafka.coordination import Coordinator, NodeInfo, ZkConfig
+from hakafka.coordination import Coordinator, NodeInfo, ZkConfig, paths
 from tests.commands import hakafka
 
 pytestmark = pytest.mark.integration
@@ -93,8 +93,8 @@ def test_run_refuses_a_node_id_held_by_a_live_daemon(
             f"hakafka: node id n1 is held by another live session (registered by pid "
             f"{os.getpid()} on host 127.0.0.1 at " in run.err
         ), run.err[-2000:]
-        stat = other._session.exists("/nodes/n1")
-        assert stat is not None and stat.ephemeralOwner == other._session.session_id
+        stat = other.session.exists(paths.node("n1"))
+        assert stat is not None and stat.ephemeralOwner == other.session.session_id
     finally:
         other.close()
 
@@ -131,14 +131,14 @@ def test_run_refuses_an_open_root_under_require_acl_until_init_closes_it(
     anonymous.start(timeout=10)
     try:
         with pytest.raises(NoAuthError):
-            anonymous.create(f"{zk_root}/nodes/n1", b"{}", ephemeral=True)
+            anonymous.create(f"{zk_root}{paths.node('n1')}", b"{}", ephemeral=True)
         with pytest.raises(NoAuthError):
-            anonymous.get(f"{zk_root}/shards/0/epoch")
+            anonymous.get(f"{zk_root}{paths.epoch(0)}")
     finally:
         anonymous.stop()
         anonymous.close()
     secured = holder(zookeeper.hosts, zk_root, auth=("hakafka", PASSWORD))
     try:
-        assert secured._session.open_to_anyone() == []
+        assert secured.session.open_to_anyone() == []
     finally:
         secured.close()

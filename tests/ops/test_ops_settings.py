@@ -12,7 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from devstack.cluster import LocalCluster, StackEndpoints
-from hakafka.coordination import NodeInfo, PendingIntent
+from hakafka.coordination import NodeInfo, PendingIntent, paths
 from tests.commands import edit
 
 pytestmark = [pytest.mark.integration]
@@ -25,7 +25,7 @@ def recorded(stack: StackEndpoints, zk_root: str) -> dict[str, Any]:
     zk = KazooClient(hosts=stack.zookeeper)
     zk.start(timeout=10)
     try:
-        data, _ = zk.get(f"{zk_root}/settings")
+        data, _ = zk.get(f"{zk_root}{paths.SETTINGS}")
     finally:
         zk.stop()
         zk.close()
@@ -157,17 +157,17 @@ def test_replace_records_an_incompatible_change_only_on_a_stopped_drained_cluste
     n1, n2 = (cluster.nodes[n].config_path for n in ("n1", "n2"))
     edit(n2, r'^on_error = "dead_letter"$', 'on_error = "skip"')
     assert hakafka("init", "--config", str(n1)).code == 0
-    pending = f"{zk_root}/shards/1/pipelines/events/pending"
+    pending = f"{zk_root}{paths.pending(1, 'events')}"
     node = NodeInfo(host="h", http="http://h:1", flight="grpc://h:2", pid=1, version="t")
     intent = PendingIntent(block_id="b1", ranges={"t": {1: (0, 10)}}, epoch=1)
     zk = KazooClient(hosts=stack.zookeeper)
     zk.start(timeout=10)
     try:
         # A running node (its registration is ephemeral) refuses --replace ...
-        zk.create(f"{zk_root}/nodes/n9", node.encode(), ephemeral=True)
+        zk.create(f"{zk_root}{paths.node('n9')}", node.encode(), ephemeral=True)
         running = hakafka("init", "--replace", "--config", str(n2))
         assert running.code == 1 and "--replace refused: hakafka runs on n9" in running.err
-        zk.delete(f"{zk_root}/nodes/n9")
+        zk.delete(f"{zk_root}{paths.node('n9')}")
         # ... and so does a block in doubt, whose re-flush needs the recorded settings.
         zk.create(pending, intent.encode(), makepath=True)
         drained = hakafka("init", "--replace", "--config", str(n2))

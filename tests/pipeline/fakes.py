@@ -436,12 +436,13 @@ class Harness:
         self.registries.append(_registry())
         return self.registries[-1]
 
-    def leader(self, *, drain: bool = False) -> PipelineLeader:
+    def leader(self, *, drain: bool = False, decoder: Decoder | None = None) -> PipelineLeader:
+        """A leader of the current term; `decoder` replaces the pipeline's own."""
         assert self.refetch is not None
         return PipelineLeader(
             config=self.pipeline,
             shard=self.shard,
-            decoder=decoder_for(self.pipeline),
+            decoder=decoder if decoder is not None else decoder_for(self.pipeline),
             parts=PipelineParts(
                 consumer=self._consumer,
                 # The directory as it is now: the leader opens it later, on its own thread.

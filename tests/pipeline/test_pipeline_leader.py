@@ -241,17 +241,17 @@ def test_a_commit_between_buffer_full_and_the_wait_is_not_lost(tmp_path: Path) -
     def full_once(rows: object, dead: object, ranges: object) -> None:
         if not refusals:
             refusals.append(1)
-            lane.lane.signals.note_commit()  # the flush lane, between refusal and wait
+            lane.context.signals.note_commit()  # the flush lane, between refusal and wait
             raise BufferFull("events", 1, 1, 1)
         appended.append(ranges)
 
     appended: list[object] = []
-    lane.lane.buffer.append = full_once  # type: ignore[method-assign]
+    lane.context.buffer.append = full_once  # type: ignore[method-assign]
     batch = decoder_rows(h)
     done = threading.Thread(target=lane.append, args=(batch, None, {}), daemon=True)
     done.start()
     done.join(timeout=2.0)
-    lane.lane.signals.stop.set()
+    lane.context.signals.stop.set()
     assert not done.is_alive() and appended == [{}], "the commit's wake-up was lost"
 
 

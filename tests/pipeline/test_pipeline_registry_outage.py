@@ -14,7 +14,7 @@ from hakafka.consumer import DecodedBatch, Decoder, PipelineSchema
 from hakafka.consumer.messages import KafkaMessage, MessageColumns
 from hakafka.consumer.registry import RegistryUnavailableError
 from hakafka.pipeline import PipelineLeader, PipelineState
-from tests.pipeline.fakes import TOPIC, Harness, one_partition, wait_for
+from tests.pipeline.fakes import TOPIC, Harness, decoder_for, one_partition, wait_for
 
 
 class RegistryAway:
@@ -42,9 +42,8 @@ class RegistryAway:
 def start_with_registry_away(
     h: Harness, leaders: list[PipelineLeader]
 ) -> tuple[PipelineLeader, RegistryAway]:
-    leader = h.leader()
-    away = RegistryAway(leader.decoder)
-    leader._consume.decoder = away  # the consume lane's decoder, as the daemon wires it
+    away = RegistryAway(decoder_for(h.pipeline))
+    leader = h.leader(decoder=away)
     leaders.append(leader)
     leader.start()
     return leader, away
