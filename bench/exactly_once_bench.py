@@ -60,6 +60,7 @@ from e2e_bench import COLUMNS, SESSION_TIMEOUT, ZK_ROOT, message
 from kazoo.exceptions import NoNodeError
 
 from buffer import OffsetRange
+from chlib import TableSpec, ensure_table
 from devstack.chaos.checks import log_events
 from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec
 from devstack.process import run_hakafka, wait_until
@@ -77,7 +78,6 @@ from hakafka.pipeline.blockplan import Settings, block_settings, follow_plan, pl
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer
 from hakafka.pipeline.consume import CONSUME_BATCH
 from hakafka.settings import decoder_of, pipeline_schema
-from spark_bridge import TableSpec, ensure_table
 from spark_bridge.plan import sorted_rows, task_slices
 
 # -- 1. plan cost ----------------------------------------------------------------------------

@@ -17,18 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from chlib import Replica, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from hakafka.logs import configure as configure_logs
-from spark_bridge import (
-    FlushTarget,
-    HandoffOptions,
-    Replica,
-    SparkRuntime,
-    SparkSettings,
-    TableSpec,
-    ensure_table,
-    flush_block,
-)
+from spark_bridge.flush import FlushTarget, flush_block
+from spark_bridge.handoff import HandoffOptions
+from spark_bridge.runtime import SparkRuntime, SparkSettings
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

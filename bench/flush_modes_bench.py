@@ -29,16 +29,11 @@ from flush_bench import (
     tiny_flushes,
 )
 
+from chlib import Replica, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from devstack.spark_cluster import SparkConnectServer, SparkStandalone
 from hakafka.logs import configure as configure_logs
-from spark_bridge import (
-    Replica,
-    SparkRuntime,
-    SparkSettings,
-    TableSpec,
-    ensure_table,
-)
+from spark_bridge.runtime import SparkRuntime, SparkSettings
 
 SIZES = (100_000, 1_000_000)
 

@@ -16,18 +16,12 @@ from pathlib import Path
 
 from flush_bench import COLUMNS, REPEATS, best, direct_insert, make_table, spark_flush
 
+from chlib import Replica, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from devstack.tls import make_certificates
 from hakafka.logs import configure as configure_logs
-from spark_bridge import (
-    HandoffOptions,
-    HandoffTls,
-    Replica,
-    SparkRuntime,
-    SparkSettings,
-    TableSpec,
-    ensure_table,
-)
+from spark_bridge.handoff import HandoffOptions, HandoffTls
+from spark_bridge.runtime import SparkRuntime, SparkSettings
 
 ROWS = 1_000_000
 TINY_WARM_UP = 20  # 1-row flushes per path before any is counted

@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from chlib import Cluster, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from hakafka.logs import configure as configure_logs
-from spark_bridge import Cluster, SparkRuntime, SparkSettings, TableSpec, ensure_table, read_table
+from spark_bridge.reader import read_table
+from spark_bridge.runtime import SparkRuntime, SparkSettings
 
 COLUMNS = (
     ("id", "Int64"),

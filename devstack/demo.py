@@ -180,8 +180,9 @@ def spark_reads_both_shards(cluster: LocalCluster, bootstrap: str, start: int) -
     events arrive: every (partition, offset) once."""
     from pyspark.sql import functions as sf
 
-    from spark_bridge import SparkRuntime, SparkSettings, read_table
     from spark_bridge.jvm_output import log_line
+    from spark_bridge.reader import read_table
+    from spark_bridge.runtime import SparkRuntime, SparkSettings
 
     config = load_config(cluster.nodes["n1"].config_path)
     database, connection = config.clickhouse.database, connection_of(config)

@@ -11,7 +11,7 @@ election in no shard:
   `max_message_bytes`, `transform` and the explicit `partitions` lists;
 - the ClickHouse endpoints per shard, as the union of what every node's config names: for a
   MergeTree shard (deduplication log per server) every node names the same endpoints, and
-  each leader checks that they reach one server (`spark_bridge.tables.check_one_table`).
+  each leader checks that they reach one server (`chlib.tables.check_one_table`).
 
 Everything else may differ per node (`spark.rows_per_task`, buffer thresholds and limits,
 WAL options, ports, paths, credentials, timeouts, log options).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from chlib.tables import Engine
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import ColumnSpec, Format
 from hakafka.coordination import (
@@ -36,7 +37,6 @@ from hakafka.coordination import (
     SettingsStore,
     paths,
 )
-from spark_bridge.tables import Engine
 
 AGREE_ATTEMPTS = 5
 ABSENT = "(none)"

@@ -4,8 +4,8 @@ ZooKeeper (`ZkConfig`), decoding (`PipelineSchema`, `DecodeOptions`, a fresh dec
 ClickHouse (`Connection`, the `TableSpec`s of a pipeline, a shard's `Replica`s), Spark
 (`SparkSettings`, the flush handoff's `HandoffOptions`), the buffer's flush `Thresholds` and
 the directory of a pipeline's WAL. The daemon, the pipeline and the operator commands all
-build their libraries' objects from here. Nothing here imports pyspark:
-`spark_bridge.connection`, `.handoff`, `.replicas`, `.runtime` and `.tables` do not.
+build their libraries' objects from here. Nothing here imports pyspark: `chlib` does not,
+nor do `spark_bridge.handoff` and `.runtime`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from pathlib import Path
 from buffer import Thresholds
 from buffer.limits import QueryLimits, ServerLimits
 from buffer.tls import ClientTls, ServerTls
+from chlib.connection import Connection
+from chlib.replicas import Replica
+from chlib.tables import TableSpec
 from hakafka.config import Config, PipelineConfig, advertised_host
 from hakafka.consumer import (
     DEAD_LETTER_COLUMNS,
@@ -27,11 +30,8 @@ from hakafka.consumer import (
 )
 from hakafka.consumer.registry import RegistrySettings
 from hakafka.coordination import ZkConfig, ZkTls
-from spark_bridge.connection import Connection
 from spark_bridge.handoff import HandoffOptions, HandoffTls, PortRange
-from spark_bridge.replicas import Replica
 from spark_bridge.runtime import SparkSettings
-from spark_bridge.tables import TableSpec
 
 DEAD_LETTER_ORDER_BY = "(_partition, _offset)"
 

@@ -16,11 +16,11 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
+from chlib.tables import table_columns
 from hakafka.config import ColumnConfig, Config, ConfigError, PipelineConfig
 from hakafka.consumer import META_COLUMNS, SchemaError, arrow_type
 from hakafka.consumer.schema import SUPPORTED_TYPES
 from hakafka.settings import connection_of
-from spark_bridge.tables import table_columns
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Reads a table's (name, type) pairs (None: no such table) from host:port.

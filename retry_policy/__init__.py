@@ -1,4 +1,4 @@
-"""retry_policy: the one retry policy of every retry loop (the daemon's and the Spark bridge's).
+"""retry_policy: the one retry policy of every retry loop (the daemon's and `chlib`'s).
 
 A `Backoff` says how long to wait before each retry: its first delay, doubling up to its
 maximum, less a random part (`jitter`) when many clients should not retry in step. A `Waiter`

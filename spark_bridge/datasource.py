@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from spark_bridge.clients import ClientPool, worker_pool
+from chlib.clients import ClientPool, worker_pool
 from spark_bridge.source_options import ClickHouseOptions, parse_hosts
 from spark_bridge.source_reader import READ_SETTINGS, ClickHouseReader, select_list
 

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 import structlog
 
-from spark_bridge.connection import Connection
+from chlib.connection import Connection
+from chlib.replicas import Failover, Replica, RetryPolicy
 from spark_bridge.datasource import ClickHouseOptions, insert_task, spark_arrow_type
 from spark_bridge.handoff import HandoffOptions, HandoffTrustError, SliceHandoff, SliceSource
 from spark_bridge.plan import FlushTask, bounds_of, cut, plan_tasks, sorted_rows
-from spark_bridge.replicas import Failover, Replica, RetryPolicy
 from spark_bridge.runtime import handoff_address
 from spark_bridge.transform import Transform, check_partitioning, load_transform
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_bridge.cluster import Cluster
-from spark_bridge.connection import Connection
+from chlib.cluster import Cluster
+from chlib.connection import Connection
 from spark_bridge.datasource import (
     SOURCE_NAME,
     ClickHouseDataSource,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from spark_bridge.connection import is_loopback
+from chlib.connection import is_loopback
 from spark_bridge.jvm_output import Output, OutputPump, capture_pyspark_loggers
 from spark_bridge.redact import redact
 

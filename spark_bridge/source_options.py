@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_bridge.clients import connect
-from spark_bridge.cluster import Hosts, format_shards
-from spark_bridge.connection import Connection
-from spark_bridge.tables import quote_identifier
+from chlib.clients import connect
+from chlib.cluster import Hosts, format_shards
+from chlib.connection import Connection
+from chlib.tables import quote_identifier
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -37,10 +37,10 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from spark_bridge.chtypes import needs_text_cast, text_type
-from spark_bridge.cluster import Hosts, committed_condition
+from chlib.chtypes import needs_text_cast, text_type
+from chlib.cluster import Hosts, committed_condition
+from chlib.tables import quote_identifier, table_columns
 from spark_bridge.source_options import ClickHouseOptions
-from spark_bridge.tables import quote_identifier, table_columns
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -166,7 +166,7 @@ def ch_client(clickhouse: ClickHouseService, ch_database: str) -> Iterator[Clien
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """One local[2] SparkSession for the whole test session, from the daemon's SparkRuntime."""
-    from spark_bridge import SparkRuntime, SparkSettings
+    from spark_bridge.runtime import SparkRuntime, SparkSettings
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     runtime = SparkRuntime(

@@ -14,7 +14,7 @@ is the TOML key, its default the default, its kind that of the default, and an e
 structure of their own (tables of replicas, columns, partitions, settings) have readers of
 their own (`loader.py`); what the node exposes on the network is checked in `network.py`. An
 option with a fixed set of values is the enum of the library that uses it
-(`wal.FsyncPolicy`, `spark_bridge.tables.Engine`, `hakafka.consumer.Format`/`OnError`/
+(`wal.FsyncPolicy`, `chlib.tables.Engine`, `hakafka.consumer.Format`/`OnError`/
 `OutOfRange`); the config holds the member.
 """
 

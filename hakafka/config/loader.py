@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from chlib.connection import is_loopback
+from chlib.tables import Engine
 from hakafka.config.network import check_advertise, plain_text_hops, same_address
 from hakafka.config.reader import ConfigReader, parse_endpoint
 from hakafka.config.sections import (
@@ -37,8 +39,6 @@ from hakafka.config.value_checks import NAME, name_problem
 from hakafka.consumer import ALWAYS_META, MANAGED_SETTINGS, Format, check_explicit_assignment
 from hakafka.consumer.schema import parse_path
 from hakafka.logs import LogLevel
-from spark_bridge.connection import is_loopback
-from spark_bridge.tables import Engine
 
 DEFAULT_PATH = Path("/etc/hakafka/hakafka.toml")
 
@@ -130,7 +130,7 @@ def _clickhouse(r: ConfigReader, shards: tuple[int, ...]) -> ClickHouseConfig:
                 str(shard), f"no ClickHouse replicas for shard {shard} that this node serves"
             )
     # With MergeTree, a shard's endpoints must reach one server: no address tells that, the
-    # tables' UUIDs do, so `init` and each term check it (`spark_bridge.tables.check_one_table`).
+    # tables' UUIDs do, so `init` and each term check it (`chlib.tables.check_one_table`).
     engine = r.choice("engine", Engine, d.engine)
     ch = r.section(ClickHouseConfig, replicas=replicas, engine=engine)
     if ch.ca_file and not (ch.secure and ch.verify):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import socket
 
+from chlib.connection import is_loopback
 from hakafka.config.sections import Config, Endpoint, NodeServerConfig
 from hakafka.config.value_checks import ip
-from spark_bridge.connection import is_loopback
 
 
 def advertised_host(server: NodeServerConfig, bind: Endpoint) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from buffer.limits import QueryLimits, ServerLimits
+from chlib.tables import Engine
 from hakafka.config.value_checks import (
     ca_file_problem,
     checked,
@@ -31,7 +32,6 @@ from hakafka.config.value_checks import (
 from hakafka.consumer import META_COLUMNS as META_COLUMN_TYPES
 from hakafka.consumer import DecodeOptions, Format, OnError, OutOfRange
 from hakafka.logs import LogLevel
-from spark_bridge.tables import Engine
 from wal import FsyncPolicy
 
 # Environment variables that override secrets (the file may leave them out entirely).

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.json as pjson
 
+from chlib.chtypes import split_type, tuple_element
 from hakafka.consumer.convert import CONVERSION_ERRORS, convert_array
 from hakafka.consumer.json_paths import Steps, follow, text_value
 from hakafka.consumer.schema import ArrowType, Check, ColumnSpec, Shape
 from hakafka.consumer.shown import bare_type, json_shown
-from spark_bridge.chtypes import split_type, tuple_element
 
 _ONE_THREAD = pjson.ReadOptions(use_threads=False)
 _ReadScalar = Callable[[object, ArrowType], pa.Array]  # a scalar into its type's text form

@@ -41,8 +41,8 @@ from enum import StrEnum
 
 import pyarrow as pa
 
+from chlib.chtypes import split_type, tuple_element
 from hakafka.consumer.errors import SchemaError
-from spark_bridge.chtypes import split_type, tuple_element
 
 _INTEGERS: dict[str, pa.DataType] = {
     "Int8": pa.int8(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from spark_bridge.chtypes import split_type
+from chlib.chtypes import split_type
 
 _SHOWN = 64  # characters of a bad value quoted in its error
 

@@ -60,9 +60,9 @@ from hakafka.settings import (
     spark_settings,
     zk_config,
 )
-from spark_bridge import SparkRuntime
 from spark_bridge.flush import warm_workers
 from spark_bridge.jvm_output import log_line
+from spark_bridge.runtime import SparkRuntime
 
 log = structlog.get_logger("hakafka.daemon")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from buffer import Catalog
+from chlib.replicas import Replica
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import PartitionConsumer, PipelineSchema
 from hakafka.consumer.group_offsets import GroupOffsets
@@ -31,7 +32,6 @@ from hakafka.settings import (
     shard_replicas,
     wal_dir,
 )
-from spark_bridge.replicas import Replica
 from wal import WriteAheadLog
 
 

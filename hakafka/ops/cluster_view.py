@@ -1,6 +1,6 @@
-"""The cluster as `spark_bridge.read_table` reads it, built from a hakafka config.
+"""The cluster as `spark_bridge.reader.read_table` reads it, built from a hakafka config.
 
-`spark_bridge` never imports `hakafka`: it reads a plain `spark_bridge.Cluster`. This module
+`spark_bridge` never imports `hakafka`: it reads a plain `chlib.Cluster`. This module
 fills one from the config (`[clickhouse.replicas]`: every shard's replicas) and ZooKeeper
 (nodes under replacement now, not to be read), and for fresh reads (`include_buffer`) adds
 `LeaderBuffers`: each shard leader's buffer of the pipeline, and its checkpoint.
@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from chlib.cluster import Cluster, ShardReplicas
 from hakafka.config import Config, PipelineConfig, load_config
 from hakafka.ops.cluster import OpsError, connect
 from hakafka.ops.query import query_shards
 from hakafka.settings import client_tls, shard_replicas
-from spark_bridge.cluster import Cluster, ShardReplicas
 
 
 @dataclass(frozen=True)
 class LeaderBuffers:
-    """`spark_bridge.LiveBuffer` of one pipeline: its shard leaders' buffers over Flight (as
+    """`chlib.LiveBuffer` of one pipeline: its shard leaders' buffers over Flight (as
     `hakafka query` asks them: every shard answers, its next leader within the session
     timeout + 2 s, or the read fails naming it) and its checkpoint in ZooKeeper, each read
     anew at every call."""

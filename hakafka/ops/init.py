@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from hakafka.config import Config
-from hakafka.coordination import Coordinator
-from hakafka.ops.cluster import OpsError, clickhouse_errors, connect
-from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
-from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
-from spark_bridge.tables import (
+from chlib.tables import (
     SchemaMismatchError,
     TableSpec,
     UnsafeTableError,
@@ -16,6 +11,11 @@ from spark_bridge.tables import (
     quote_identifier,
     table_uuid,
 )
+from hakafka.config import Config
+from hakafka.coordination import Coordinator
+from hakafka.ops.cluster import OpsError, clickhouse_errors, connect
+from hakafka.ops.shardwide import Recording, add_optional_columns, record_settings
+from hakafka.settings import connection_of, pipeline_schema, shard_replicas, table_specs
 
 DISTRIBUTED_SUFFIX = "_all"
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from chlib.tables import TableSpec, quote_identifier, table_columns
 from hakafka.config import Config, PipelineConfig
 from hakafka.coordination import Coordinator, paths
 from hakafka.drift import Difference, agree, cluster_settings, compare
 from hakafka.ops.cluster import OpsError
 from hakafka.settings import pipeline_schema
-from spark_bridge.tables import TableSpec, quote_identifier, table_columns
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from chlib.chtypes import canonical_type, split_top_level
 from hakafka.config import PipelineConfig
 from hakafka.consumer import SchemaError, arrow_type
 from hakafka.coordination import PendingIntent, TaskRecord
 from hakafka.pipeline.buffer import ArrowBlock, PipelineBlock
-from spark_bridge.chtypes import canonical_type, split_top_level
 from spark_bridge.plan import (
     FlushTask,
     PlanError,

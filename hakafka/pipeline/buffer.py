@@ -22,7 +22,7 @@ _UNLIMITED = 1 << 62
 
 @dataclass(frozen=True)
 class ArrowBlock:
-    """Arrow rows to flush under a block id (what spark_bridge.flush takes)."""
+    """Arrow rows to flush under a block id (what `spark_bridge.flush.flush` takes)."""
 
     block_id: str
     table: pa.Table

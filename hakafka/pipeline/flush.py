@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from buffer import OffsetRange, Thresholds, should_flush
+from chlib.tables import SchemaMismatchError, UnsafeTableError
 from hakafka.consumer import Decoder, OffsetOutOfRangeError
 from hakafka.coordination import FencedError, PendingIntent
 from hakafka.coordination.fenced import CheckpointRegressionError
@@ -33,7 +34,6 @@ from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
 from hakafka.pipeline.state import Flush, PipelineStopped, Waiting
 from retry_policy import Backoff, Waiter
-from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 
 FLUSH_CHECK_S = 0.05
 BACKOFF_INITIAL_S = 0.5

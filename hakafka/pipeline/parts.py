@@ -15,11 +15,11 @@ from typing import Protocol
 import pyarrow as pa
 
 from buffer import OffsetRange
+from chlib.replicas import Replica
 from hakafka.consumer import Decoder
 from hakafka.consumer.messages import KafkaMessage
 from hakafka.coordination import Checkpoint, PendingIntent
 from hakafka.pipeline.blockplan import PlannedBlock
-from spark_bridge.replicas import Replica
 from wal import Position, Record, RepairReport
 
 

@@ -27,14 +27,8 @@ import structlog
 from clickhouse_connect.driver.client import Client
 from pyspark.sql import SparkSession
 
-from hakafka.config import Config, PipelineConfig
-from hakafka.consumer import PipelineSchema
-from hakafka.pipeline.blockplan import PlannedBlock
-from hakafka.pipeline.parts import Flushed
-from hakafka.settings import connection_of, handoff_options, table_specs
-from spark_bridge.flush import FlushTarget, flush
-from spark_bridge.replicas import Replica
-from spark_bridge.tables import (
+from chlib.replicas import Replica
+from chlib.tables import (
     SchemaMismatchError,
     TableSpec,
     UnsafeTableError,
@@ -42,6 +36,12 @@ from spark_bridge.tables import (
     ensure_table,
     table_uuid,
 )
+from hakafka.config import Config, PipelineConfig
+from hakafka.consumer import PipelineSchema
+from hakafka.pipeline.blockplan import PlannedBlock
+from hakafka.pipeline.parts import Flushed
+from hakafka.settings import connection_of, handoff_options, table_specs
+from spark_bridge.flush import FlushTarget, flush
 
 log = structlog.get_logger("hakafka.pipeline")
 

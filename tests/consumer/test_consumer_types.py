@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from buffer import Catalog, MemoryTable, OffsetRange, SqlEngine
+from chlib.chtypes import split_type, text_type
 from hakafka.consumer import (
     DecodeOptions,
     Format,
@@ -23,7 +24,6 @@ from hakafka.consumer import (
     make_decoder,
 )
 from hakafka.consumer.schema import ColumnSpec, parse_path
-from spark_bridge.chtypes import split_type, text_type
 from tests.formats import message_columns
 
 UUID = "123e4567-e89b-12d3-a456-426614174000"

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from chlib.connection import Connection
 from devstack.tls import CertificateFiles, make_certificates
 from hakafka.config import ConfigError, parse_config
 from hakafka.daemon.node import node_info
 from hakafka.settings import client_tls, connection_of, server_tls
-from spark_bridge.connection import Connection
 
 TOKEN = "advertise-token"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from chlib.tables import Engine
 from devstack.tls import make_certificates
 from hakafka.config import (
     ClickHouseConfig,
@@ -28,7 +29,6 @@ from hakafka.config import (
 from hakafka.consumer import Format, OnError, OutOfRange
 from hakafka.coordination import ZkTls
 from hakafka.settings import zk_config
-from spark_bridge.tables import Engine
 from tests.helpers.configs import GOOD, problems_of, write
 from wal import FsyncPolicy
 

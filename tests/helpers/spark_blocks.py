@@ -1,4 +1,4 @@
-"""Blocks for `spark_bridge.flush_block` and the ClickHouse tables and replicas they go to, as
+"""Blocks for `spark_bridge.flush.flush_block` and the ClickHouse tables and replicas they go to, as
 the Spark flush tests build them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from chlib import Replica, TableSpec
 from devstack.clickhouse import ClickHouseService
-from spark_bridge import Replica, TableSpec
 
 # The columns of a block from `make_block` and of its table from `spec`.
 COLUMNS = (("v", "Int64"), ("name", "String"), ("_partition", "Int32"), ("_offset", "Int64"))

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from chlib.tables import TableSpec
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import LocalCluster
 from hakafka.ops.init import distributed_sql
-from spark_bridge.tables import TableSpec
 
 
 def test_the_distributed_table_reads_each_shard_table_of_the_cluster() -> None:

@@ -19,6 +19,7 @@ import structlog
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from buffer import Catalog, OffsetRange
+from chlib.replicas import Replica
 from devstack.process import wait_until
 from hakafka.config import Config, PipelineConfig, parse_config
 from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
@@ -38,7 +39,6 @@ from hakafka.pipeline.parts import Flushed
 from hakafka.pipeline.replay import WalIndex
 from hakafka.pipeline.state import PipelineStatus, Signals
 from hakafka.settings import shard_assignment
-from spark_bridge.replicas import Replica
 from wal import WriteAheadLog
 
 TOPIC = "events"

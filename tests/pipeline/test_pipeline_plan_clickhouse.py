@@ -13,12 +13,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from buffer import OffsetRange
+from chlib import Replica, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from hakafka.coordination import PendingIntent
 from hakafka.pipeline.blockplan import follow_plan, plan_block
 from hakafka.pipeline.buffer import PipelineBlock, make_block
-from spark_bridge import FlushTarget, Replica, TableSpec, ensure_table, flush, prepare_session
+from spark_bridge.flush import FlushTarget, flush
 from spark_bridge.plan import FlushTask, sorted_rows, task_slices
+from spark_bridge.runtime import prepare_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

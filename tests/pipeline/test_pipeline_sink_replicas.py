@@ -14,6 +14,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from buffer import OffsetRange
+from chlib import Replica
+from chlib.tables import UnsafeTableError
 from devstack.clickhouse import ClickHouseService
 from devstack.process import free_port
 from devstack.tcp_forward import TcpForwarder
@@ -21,8 +23,7 @@ from hakafka.pipeline.blockplan import plan_block
 from hakafka.pipeline.buffer import make_block
 from hakafka.pipeline.sink import PipelineSink, TablesUnreachableError
 from hakafka.settings import pipeline_schema
-from spark_bridge import Replica, prepare_session
-from spark_bridge.tables import UnsafeTableError
+from spark_bridge.runtime import prepare_session
 from tests.pipeline.fakes import TOPIC, Topic, decoder_for, pipeline_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

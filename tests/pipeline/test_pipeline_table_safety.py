@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from chlib.replicas import Replica
+from chlib.tables import SchemaMismatchError, UnsafeTableError
 from hakafka.pipeline import PipelineLeader, PipelineState
-from spark_bridge.replicas import Replica
-from spark_bridge.tables import SchemaMismatchError, UnsafeTableError
 from tests.pipeline.fakes import FakeSink, one_partition, start, wait_for
 
 UNSAFE = UnsafeTableError(

@@ -16,18 +16,13 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
+from chlib import Replica, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from devstack.records import create_topic
 from hakafka.consumer import Format, MessageColumns, PipelineSchema, make_decoder
-from spark_bridge import (
-    FlushTarget,
-    Replica,
-    TableSpec,
-    ensure_table,
-    flush_block,
-    prepare_session,
-    read_table,
-)
+from spark_bridge.flush import FlushTarget, flush_block
+from spark_bridge.reader import read_table
+from spark_bridge.runtime import prepare_session
 from tests.commands import edit, hakafka
 from tests.helpers.landing import landed
 from tests.helpers.waiting import wait_for

@@ -15,19 +15,14 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from pyspark.sql import SparkSession
 
+from chlib import Replica, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
 from devstack.schema_registry import SchemaRegistryService
 from hakafka.consumer import Format, PipelineSchema, make_decoder
 from hakafka.consumer.registry import RegistrySettings
-from spark_bridge import (
-    FlushTarget,
-    Replica,
-    TableSpec,
-    ensure_table,
-    flush_block,
-    prepare_session,
-    read_table,
-)
+from spark_bridge.flush import FlushTarget, flush_block
+from spark_bridge.reader import read_table
+from spark_bridge.runtime import prepare_session
 from tests.formats import (
     AVRO_TYPED,
     AVRO_TYPED_WRITER,

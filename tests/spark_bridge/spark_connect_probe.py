@@ -9,9 +9,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spark_bridge import FlushTarget, SparkRuntime, SparkSettings, ensure_table, flush_block
-from spark_bridge.replicas import Replica
-from spark_bridge.runtime import CONNECT_MODE_ENV
+from chlib import ensure_table
+from chlib.replicas import Replica
+from spark_bridge.flush import FlushTarget, flush_block
+from spark_bridge.runtime import CONNECT_MODE_ENV, SparkRuntime, SparkSettings
 from tests.helpers.landing import stats
 from tests.helpers.spark_blocks import make_block, spec
 

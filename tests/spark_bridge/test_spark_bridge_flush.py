@@ -17,19 +17,18 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from devstack.clickhouse import ClickHouseService
-from spark_bridge import (
-    FlushTarget,
+from chlib import (
     NoWritableReplicaError,
     Replica,
     RetryPolicy,
     SchemaMismatchError,
     TableSpec,
     ensure_table,
-    flush_block,
-    prepare_session,
-    read_table,
 )
+from devstack.clickhouse import ClickHouseService
+from spark_bridge.flush import FlushTarget, flush_block
+from spark_bridge.reader import read_table
+from spark_bridge.runtime import prepare_session
 from tests.helpers.landing import stats
 from tests.helpers.spark_blocks import COLUMNS, make_block, replica, spec
 

@@ -14,6 +14,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from chlib import Cluster
+from chlib.cluster import committed_condition
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
@@ -23,9 +25,7 @@ from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.config import load_config
 from hakafka.ops.cluster import connect
 from hakafka.ops.cluster_view import LeaderBuffers, cluster_view
-from spark_bridge import Cluster, read_table
-from spark_bridge.cluster import committed_condition
-from spark_bridge.reader import above_checkpoint
+from spark_bridge.reader import above_checkpoint, read_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

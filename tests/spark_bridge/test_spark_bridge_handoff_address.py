@@ -13,12 +13,13 @@ import pytest
 
 from hakafka.config import load_config
 from hakafka.settings import spark_settings
-from spark_bridge import SparkRuntime, SparkSettings
 from spark_bridge.handoff import SliceHandoff
 from spark_bridge.runtime import (
     CONNECT_MODE_ENV,
     HANDOFF_BIND_CONF,
     HANDOFF_HOST_CONF,
+    SparkRuntime,
+    SparkSettings,
     SparkStartError,
     handoff_address,
 )

@@ -16,11 +16,12 @@ import pytest
 import structlog
 from pyspark.sql import SparkSession
 
+from chlib import ensure_table
 from devstack.clickhouse import ClickHouseService
 from devstack.tls import CertificateFiles, make_certificates
 from hakafka.config import parse_config
 from hakafka.settings import handoff_options
-from spark_bridge import FlushTarget, ensure_table, flush_block
+from spark_bridge.flush import FlushTarget, flush_block
 from spark_bridge.handoff import (
     HandoffOptions,
     HandoffPortsError,

@@ -1,17 +1,13 @@
-"""Pure logic of shard-aware reads: replica order, options, failover, the checkpoint split."""
+"""Pure logic of shard-aware reads: options, failover, the checkpoint split."""
 
 from __future__ import annotations
-
-import random
-from collections import Counter
 
 import pyarrow as pa
 import pytest
 
-from spark_bridge.cluster import Cluster, ShardReplicas, committed_condition
+from chlib.cluster import committed_condition
 from spark_bridge.datasource import SOURCE_NAME
 from spark_bridge.reader import above_checkpoint
-from spark_bridge.replicas import Replica
 from spark_bridge.source_options import ClickHouseOptions, parse_shards
 from spark_bridge.source_reader import ShardReadError, ShardSlice, read_replicas
 
@@ -19,30 +15,6 @@ from spark_bridge.source_reader import ShardReadError, ShardSlice, read_replicas
 def test_the_source_has_a_name_of_its_own() -> None:
     # `clickhouse` is the official ClickHouse Spark connector's source name.
     assert SOURCE_NAME == "hakafka_clickhouse"
-
-
-def test_reads_spread_over_replicas_and_skip_those_under_replacement() -> None:
-    shard = ShardReplicas(
-        0,
-        (Replica("a", "ha", 1), Replica("b", "hb", 1), Replica("c", "hc", 1, writable=False)),
-    )
-    cluster = Cluster((shard, ShardReplicas(1, (Replica("d", "hd", 1),))))
-    rng = random.Random(7)
-    firsts = Counter(cluster.read_order(rng)[0][0][0] for _ in range(1000))
-    assert set(firsts) == {"ha", "hb"}, "never the replica under replacement"
-    assert min(firsts.values()) > 400, f"spread evenly: {firsts}"
-    order = cluster.read_order(random.Random(1))
-    assert sorted(order[0]) == [("ha", 1), ("hb", 1)] and order[1] == (("hd", 1),)
-
-    replaced = Cluster((ShardReplicas(3, (Replica("c", "hc", 1, writable=False),)),))
-    with pytest.raises(ValueError, match=r"shard 3: no replica to read.*\['c'\]"):
-        replaced.read_order(rng)
-
-
-def test_shards_on_one_server_are_read_once() -> None:
-    # The dev stack's daemons may put several shards on one ClickHouse: one table, read once.
-    one = Cluster.from_hosts([[("ch", 8123)], [("ch", 8123)], [("ch2", 8123)]])
-    assert one.read_order(random.Random(0)) == ((("ch", 8123),), (("ch2", 8123),))
 
 
 def test_options_follow_spark_jdbc_names_and_refuse_the_old_ones() -> None:

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from chlib import Cluster, Replica, ShardReplicas, TableSpec, ensure_table
 from devstack.clickhouse import ClickHouseService
-from spark_bridge import Cluster, Replica, ShardReplicas, TableSpec, ensure_table, read_table
+from spark_bridge.reader import read_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

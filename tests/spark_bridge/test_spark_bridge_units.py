@@ -1,4 +1,5 @@
-"""Pure logic of spark_bridge: task slicing, DDL, filter pushdown, hosts, replica order."""
+"""Pure logic of spark_bridge: task slicing, filter pushdown, hosts, the slice handoff, insert
+bodies."""
 
 from __future__ import annotations
 
@@ -12,10 +13,8 @@ from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, String
 from spark_bridge.datasource import arrow_file
 from spark_bridge.handoff import SliceHandoff, fetch_slice
 from spark_bridge.plan import sorted_rows, task_slices
-from spark_bridge.replicas import NoWritableReplicaError, Replica, RetryPolicy, write_order
 from spark_bridge.source_options import parse_hosts
 from spark_bridge.source_reader import filter_sql, sql_literal
-from spark_bridge.tables import Engine, TableSpec
 
 
 def test_task_slices_are_a_pure_contiguous_cover() -> None:
@@ -27,26 +26,6 @@ def test_task_slices_are_a_pure_contiguous_cover() -> None:
     assert slices[0][0] == 0 and sum(n for _, n in slices) == 1_000_001
     assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(slices))
     assert task_slices(1_000_001, 250_000) == slices, "same input, same tasks (same tokens)"
-
-
-def test_ddl_carries_the_dedup_window_of_each_engine() -> None:
-    spec = TableSpec(
-        "db",
-        "events",
-        (("id", "Int64"), ("_offset", "Int64")),
-        order_by="(_offset)",
-        partition_by="id % 4",
-        ttl=None,
-        dedup_window=5000,
-    )
-    sql = spec.create_sql()
-    assert "CREATE TABLE IF NOT EXISTS `db`.`events`" in sql
-    assert "ENGINE = MergeTree" in sql and "PARTITION BY id % 4" in sql
-    assert "non_replicated_deduplication_window = 5000" in sql
-    replicated = TableSpec(
-        "db", "events", (("id", "Int64"),), engine=Engine.REPLICATED_MERGE_TREE
-    ).create_sql()
-    assert "ReplicatedMergeTree(" in replicated and "replicated_deduplication_window" in replicated
 
 
 def test_filters_become_where_clauses_or_stay_in_spark() -> None:
@@ -66,16 +45,6 @@ def test_hosts_option_names_the_bad_entry() -> None:
         parse_hosts("h1:8123,h2")
     with pytest.raises(ValueError, match="'hosts' is required"):
         parse_hosts(" , ")
-
-
-def test_replica_order_and_backoff() -> None:
-    a, b = Replica("a", "h", 1), Replica("b", "h", 2, local=True)
-    off = Replica("c", "h", 3, local=True, writable=False)
-    assert [r.name for r in write_order([a, off, b])] == ["b", "a"]
-    with pytest.raises(NoWritableReplicaError, match="no writable replica among \\['c'\\]"):
-        write_order([off])
-    policy = RetryPolicy(backoff_initial=0.25, backoff_max=1.0)
-    assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [0.25, 0.5, 1.0, 1.0]
 
 
 def test_sorted_rows_orders_by_partition_then_offset_in_both_paths() -> None:
@@ -105,20 +74,6 @@ def test_slice_handoff_serves_each_slice_by_its_ticket_only() -> None:
         assert second["v"].to_pylist() == list(range(4, 10))
         with pytest.raises(flight.FlightUnauthorizedError, match="unknown block slice ticket"):
             list(fetch_slice(handoff.source.location, b"guessed-ticket"))
-
-
-def test_spark_bridge_flush_stays_the_function_once_its_submodule_is_imported() -> None:
-    # The package imports names on first use; the submodule `spark_bridge.flush` must not
-    # shadow the function `spark_bridge.flush`, whichever is imported first.
-    import importlib
-
-    import spark_bridge
-
-    module = importlib.import_module("spark_bridge.flush")
-    assert spark_bridge.flush is module.flush
-    from spark_bridge import flush
-
-    assert flush is module.flush and callable(flush)
 
 
 @pytest.mark.parametrize(

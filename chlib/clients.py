@@ -1,10 +1,10 @@
-"""ClickHouse clients kept across the write tasks one Spark Python worker runs.
+"""A pool of ClickHouse clients, kept across the tasks one process runs.
 
 A new clickhouse-connect client costs a round trip before its first insert (it reads the
-server's version and settings): 13 ms here, two thirds of a one-row task. Spark hands a
-worker process the next task (`spark.python.worker.reuse`), and module state is all a task
-leaves to the next, so the writer's tasks take their clients from the one `ClientPool` of
-their process (`worker_pool`). A client whose request failed is closed and forgotten, so the
+server's version and settings): 13 ms here, two thirds of a one-row task. A process that runs
+task after task (a Spark Python worker, with `spark.python.worker.reuse`) keeps only module
+state from one task to the next, so its tasks take their clients from the one `ClientPool` of
+the process (`worker_pool`). A client whose request failed is closed and forgotten, so the
 next task connects afresh to a restarted or replaced server.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from spark_bridge.connection import Connection
+from chlib.connection import Connection
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -80,5 +80,5 @@ def connect(connection: Connection, hosts: Sequence[tuple[str, int]], database: 
 
 @functools.cache
 def worker_pool() -> ClientPool:
-    """The pool of this process: what a Spark worker's next task finds again."""
+    """The pool of this process: what its next task (a reused Spark worker's) finds again."""
     return ClientPool()

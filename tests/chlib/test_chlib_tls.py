@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.exceptions import OperationalError
 
+from chlib.connection import Connection
 from devstack.clickhouse import ClickHouseService
 from devstack.process import running
 from devstack.tls import CertificateFiles, make_certificates
 from hakafka.config import parse_config
 from hakafka.settings import connection_of
-from spark_bridge.connection import Connection
 
 pytestmark = [pytest.mark.integration]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from spark_bridge.chtypes import canonical_type
+from chlib.chtypes import canonical_type
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

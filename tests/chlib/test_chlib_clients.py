@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from spark_bridge.clients import ClientPool
-from spark_bridge.connection import Connection
+from chlib.clients import ClientPool
+from chlib.connection import Connection
 
 
 @dataclass

@@ -9,10 +9,10 @@ from typing import TypeVar
 
 import structlog
 
+from chlib.connection import Connection
 from retry_policy import Backoff
-from spark_bridge.connection import Connection
 
-log = structlog.get_logger("spark_bridge.replicas")
+log = structlog.get_logger("chlib.replicas")
 
 T = TypeVar("T")
 

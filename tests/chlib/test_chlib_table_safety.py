@@ -1,22 +1,15 @@
-"""ClickHouse's deduplication prerequisites: the engine and window of an existing table
-(`ensure_table` refuses what would not deduplicate a re-flush, with the fix) and the settings
-pinned on every insert. Decisions are unit-tested; the rest runs on the ClickHouse front."""
+"""ClickHouse's deduplication prerequisites on the table side: the DDL's window, and the
+engine and window of an existing table (`ensure_table` refuses what would not deduplicate a
+re-flush, with the fix). Decisions are unit-tested; the rest runs on the ClickHouse front.
+The settings pinned on every insert: tests/spark_bridge/test_spark_bridge_insert_dedup.py."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from devstack.clickhouse import ClickHouseService
-from spark_bridge.connection import Connection
-from spark_bridge.datasource import insert_settings, insert_task
-from spark_bridge.source_options import ClickHouseOptions
-from spark_bridge.tables import (
+from chlib.tables import (
     Engine,
     TableDedup,
     TableSpec,
@@ -29,6 +22,7 @@ from spark_bridge.tables import (
     ensure_table,
     table_uuid,
 )
+from devstack.clickhouse import ClickHouseService
 
 COLUMNS = (("v", "Int64"), ("_partition", "Int32"), ("_offset", "Int64"))
 COLUMNS_SQL = "(v Int64, _partition Int32, _offset Int64)"
@@ -57,6 +51,26 @@ def refusal(table_spec: TableSpec, dedup: TableDedup) -> str:
 
 
 # --- decisions (no ClickHouse) ---------------------------------------------------------
+
+
+def test_ddl_carries_the_dedup_window_of_each_engine() -> None:
+    table = TableSpec(
+        "db",
+        "events",
+        (("id", "Int64"), ("_offset", "Int64")),
+        order_by="(_offset)",
+        partition_by="id % 4",
+        ttl=None,
+        dedup_window=5000,
+    )
+    sql = table.create_sql()
+    assert "CREATE TABLE IF NOT EXISTS `db`.`events`" in sql
+    assert "ENGINE = MergeTree" in sql and "PARTITION BY id % 4" in sql
+    assert "non_replicated_deduplication_window = 5000" in sql
+    replicated = TableSpec(
+        "db", "events", (("id", "Int64"),), engine=Engine.REPLICATED_MERGE_TREE
+    ).create_sql()
+    assert "ReplicatedMergeTree(" in replicated and "replicated_deduplication_window" in replicated
 
 
 def test_engine_settings_come_from_the_trailing_clause_only() -> None:
@@ -150,17 +164,6 @@ def test_engine_kind_other_than_configured_is_named_with_the_window() -> None:
         "is replicated but the configured engine is MergeTree; "
         "fix: configure engine = ReplicatedMergeTree"
     )
-
-
-def test_every_insert_pins_deduplication_and_synchronous_inserts() -> None:
-    assert insert_settings({"deduplicate_insert", "async_insert"}, "p:b:3") == {
-        "insert_deduplicate": 1,
-        "deduplicate_insert": "enable",
-        "async_insert": 0,
-        "insert_deduplication_token": "p:b:3",
-    }
-    # A server older than `deduplicate_insert` would refuse it; no token: content hashes.
-    assert insert_settings({"async_insert"}, None) == {"insert_deduplicate": 1, "async_insert": 0}
 
 
 # --- the ClickHouse front ---------------------------------------------------------------
@@ -259,108 +262,3 @@ def test_a_tables_uuid_is_one_through_every_client_and_none_before_it_exists(
 def test_table_created_by_hakafka_passes_its_own_check(ch_database: str, ch_client: Any) -> None:
     assert ensure_table(ch_client, spec(ch_database)) is True
     assert ensure_table(ch_client, spec(ch_database)) is False
-
-
-@dataclass(frozen=True)
-class SessionConnection(Connection):
-    """A connection whose clients all join one server session: the session's `SET`s stand
-    for a user profile's settings."""
-
-    session_id: str = ""
-
-    def client(self, host: str, port: int, database: str | None = None, **kwargs: Any) -> Any:
-        return super().client(host, port, database, session_id=self.session_id, **kwargs)
-
-
-@pytest.fixture
-def profile_without_dedup(clickhouse: ClickHouseService, ch_database: str) -> Iterator[Any]:
-    """A client in a session where inserts are neither deduplicated nor synchronous, as a
-    user profile could set them (the front has one user and no profiles)."""
-    session = f"nodedup-{uuid.uuid4().hex}"
-    client = clickhouse.client(database=ch_database, session_id=session)
-    try:
-        # ClickHouse 26 reads `deduplicate_insert` first; older servers only the other two.
-        for setting in (
-            "deduplicate_insert = 'disable'",
-            "insert_deduplicate = 0",
-            "async_insert = 1",
-        ):
-            client.command(f"SET {setting}")
-        yield client
-    finally:
-        client.close()
-
-
-def row_count(client: Any) -> int:
-    return int(client.query("SELECT count() FROM events").result_rows[0][0])
-
-
-@pytest.mark.integration
-def test_pinned_settings_deduplicate_a_retried_insert_even_where_the_profile_does_not(
-    clickhouse: ClickHouseService, ch_database: str, profile_without_dedup: Any
-) -> None:
-    client = profile_without_dedup
-    ensure_table(client, spec(ch_database))
-    batch = pa.record_batch(
-        {
-            "v": pa.array(range(100), pa.int64()),
-            "_partition": pa.array([0] * 100, pa.int32()),
-            "_offset": pa.array(range(100), pa.int64()),
-        }
-    )
-    # The session really has deduplication off: a token alone does not stop a retry.
-    for _ in range(2):
-        client.insert_arrow(
-            "events", pa.Table.from_batches([batch]), settings={"insert_deduplication_token": "t"}
-        )
-    assert row_count(client) == 200
-    client.command("TRUNCATE TABLE events")
-
-    options = ClickHouseOptions(
-        hosts=((clickhouse.host, clickhouse.port),),
-        database=ch_database,
-        table="events",
-        connection=SessionConnection(session_id=client.params["session_id"]),
-        token_prefix="pipe:b1",
-    )
-    first = insert_task(options, 0, [batch])
-    retry = insert_task(options, 0, [batch])  # same task, same token: dropped
-    assert (first.token, first.rows, retry.token) == ("pipe:b1:0", 100, "pipe:b1:0")
-    assert row_count(client) == 100
-    insert_task(options, 1, [batch])  # another task's token: a new block
-    assert row_count(client) == 200
-    profile = client.query(
-        "SELECT name, value FROM system.settings"
-        " WHERE name IN ('deduplicate_insert', 'insert_deduplicate', 'async_insert')"
-    ).result_rows
-    assert dict(profile) == {
-        "deduplicate_insert": "disable",
-        "insert_deduplicate": "0",
-        "async_insert": "1",
-    }, "the pinned settings held for the inserts only"
-
-
-@pytest.mark.integration
-def test_a_retry_of_the_same_rows_in_other_batches_is_still_dropped(
-    clickhouse: ClickHouseService, ch_database: str, ch_client: Any
-) -> None:
-    # A re-flush rebuilds a task's rows from the WAL: the same rows, the same token, but
-    # other Arrow batches than the first attempt (which took them from the buffer).
-    ensure_table(ch_client, spec(ch_database))
-    rows = pa.table(
-        {
-            "v": pa.array(range(100), pa.int64()),
-            "_partition": pa.array([0] * 100, pa.int32()),
-            "_offset": pa.array(range(100), pa.int64()),
-        }
-    )
-    options = ClickHouseOptions(
-        hosts=((clickhouse.host, clickhouse.port),),
-        database=ch_database,
-        table="events",
-        token_prefix="pipe",
-    )
-    insert_task(options, 0, rows.slice(0, 60).to_batches() + rows.slice(60).to_batches())
-    insert_task(options, 0, rows.to_batches())
-    insert_task(options, 0, [b for i in range(0, 100, 10) for b in rows.slice(i, 10).to_batches()])
-    assert row_count(ch_client) == 100

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from spark_bridge.replicas import Replica
+from chlib.replicas import Replica
 
 if TYPE_CHECKING:
     import pyarrow as pa
