@@ -103,7 +103,7 @@ def test_digest_acl_keeps_other_clients_out_and_root_is_a_chroot(
         # Everything lives under the root (the chroot)...
         data, _ = right.get(f"{zk_root}{paths.leader(0)}")
         assert b'"node":"n1"' in data
-        assert right.get_children(f"{zk_root}/nodes") == ["n1"]
+        assert right.get_children(f"{zk_root}{paths.NODES}") == ["n1"]
         # ...and only the configured user may read or change it (the root's parent, shared
         # with other clusters, stays open).
         parent, name = zk_root.rsplit("/", 1)

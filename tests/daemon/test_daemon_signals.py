@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 from devstack.cluster import DaemonNode, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import create_topic, produce
+from hakafka.coordination import paths
 from hakafka.daemon import SHUTDOWN_BOUND_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
@@ -91,14 +92,14 @@ def test_sighup_reopens_the_log_sigint_stops_cleanly_second_sigterm_exits_at_onc
     zk = KazooClient(hosts=stack.zookeeper, timeout=10.0)
     zk.start(timeout=10)
     try:
-        leader_path = f"{zk_root}/shards/{SHARD}/leader"
+        leader_path = f"{zk_root}{paths.leader(SHARD)}"
         assert zk.exists(leader_path) is not None
         sent = time.monotonic()
         node.kill(signal.SIGINT)
         assert node.wait_exit(timeout=45) == 0, log_text(log_file)[-3000:]
         exited = time.monotonic()
         assert zk.exists(leader_path) is None, "leadership released before the exit"
-        assert zk.exists(f"{zk_root}/nodes/n1") is None
+        assert zk.exists(f"{zk_root}{paths.node('n1')}") is None
         assert time.monotonic() - exited < 1.0, "checked well within the session timeout"
     finally:
         zk.stop()

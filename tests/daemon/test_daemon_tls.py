@@ -18,7 +18,7 @@ from devstack.cluster import StackEndpoints
 from devstack.process import wait_until
 from devstack.records import create_topic, produce
 from devstack.tls import make_certificates
-from hakafka.coordination import NodeInfo
+from hakafka.coordination import NodeInfo, paths
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ def registered(hosts: str, zk_root: str, node: str) -> NodeInfo:
     zk = KazooClient(hosts=hosts, timeout=10.0)
     zk.start(timeout=10)
     try:
-        path = f"{zk_root}/nodes/{node}"
+        path = f"{zk_root}{paths.node(node)}"
         return NodeInfo.decode(path, zk.get(path)[0])
     finally:
         zk.stop()

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic, produce
+from hakafka.coordination import paths
 from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
@@ -38,7 +39,7 @@ def zk_epochs(hosts: str, root: str) -> list[tuple[bytes, int]]:
     try:
         return [
             (data, stat.version)
-            for data, stat in (zk.get(f"{root}/shards/{s}/epoch") for s in SHARDS)
+            for data, stat in (zk.get(f"{root}{paths.epoch(s)}") for s in SHARDS)
         ]
     finally:
         zk.stop()

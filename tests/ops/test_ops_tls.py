@@ -25,7 +25,7 @@ from buffer.http import HttpQueryServer, Route
 from buffer.tls import ServerTls
 from devstack.tls import CertificateFiles, make_certificates
 from devstack.zookeeper import ZooKeeperEnsemble
-from hakafka.coordination import LeaderInfo, NodeInfo
+from hakafka.coordination import LeaderInfo, NodeInfo, paths
 from tests import commands
 
 pytestmark = [pytest.mark.integration]
@@ -83,13 +83,13 @@ def register(zk: KazooClient, zk_root: str) -> Register:
 
     def write(http: str, flight: str) -> None:
         info = NodeInfo(host="h1", http=http, flight=flight, pid=os.getpid(), version="t")
-        path = f"{zk_root}/nodes/n1"
+        path = f"{zk_root}{paths.node('n1')}"
         if zk.exists(path):
             zk.set(path, info.encode())
         else:
             zk.create(path, info.encode(), makepath=True)
             leader = LeaderInfo(node="n1", epoch=1, since=time.time(), status="consuming")
-            zk.create(f"{zk_root}/shards/0/leader", leader.encode(), makepath=True)
+            zk.create(f"{zk_root}{paths.leader(0)}", leader.encode(), makepath=True)
 
     return write
 
