@@ -51,14 +51,12 @@ import os
 import select
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote
 
 import duckdb
@@ -74,6 +72,7 @@ from buffer.http import HttpQueryServer, Route
 from buffer.limits import ServerLimits
 from buffer.tls import ClientTls, ServerTls
 from devstack.tls import make_certificates
+from tests.helpers.child_server import ChildServer
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,49 +217,23 @@ def proc_status(pid: int) -> ProcStatus:
     )
 
 
-class Served:
+class Served(ChildServer):
     """A child process serving `spec` (this script with `--serve`); its URLs by scheme."""
 
     def __init__(self, spec: ServeSpec) -> None:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, __file__, "--serve", spec.to_json()],
             env={**os.environ, "PYTHONPATH": path},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+            start_s=WAIT_S,
         )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], WAIT_S)
-        if not ready:
-            self.close()
-            raise TimeoutError(f"the server process did not start within {WAIT_S} s")
-        urls = json.loads(self.proc.stdout.readline())
-        self.urls: dict[str, str] = {url.split("://")[0]: url for url in urls}
+        self.urls: dict[str, str] = {url.split("://")[0]: url for url in self.announced}
 
     def port(self, scheme: str) -> int:
         return int(self.urls[scheme].rsplit(":", 1)[1])
 
     def status(self) -> ProcStatus:
         return proc_status(self.proc.pid)
-
-    def close(self) -> None:
-        """Close its stdin, so it stops; killed (by PID) if it has not within 10 s."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def __enter__(self) -> Served:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def timed(action: Callable[[], object]) -> Callable[[], float]:

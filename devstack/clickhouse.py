@@ -20,11 +20,9 @@ from typing import TYPE_CHECKING, Any
 from devstack.clickhouse_http import PASSWORD_ENV
 from devstack.process import (
     LOOPBACK,
-    DevstackError,
     ManagedProcess,
-    ensure_port_free,
+    ManagedService,
     free_port,
-    port_open,
 )
 
 if TYPE_CHECKING:
@@ -35,7 +33,7 @@ if TYPE_CHECKING:
 SERVER_MODULE = "devstack.clickhouse_http"
 
 
-class ClickHouseService:
+class ClickHouseService(ManagedService):
     """One ClickHouse HTTP front process; `root` holds the chdb data path and the log. With
     `tls` it serves HTTPS only, with that certificate and key, and trusts its CA."""
 
@@ -48,6 +46,7 @@ class ClickHouseService:
         password: str = "",
         tls: CertificateFiles | None = None,
     ) -> None:
+        super().__init__()
         self.root = Path(root)
         self.host = LOOPBACK
         self.port = port if port is not None else free_port()
@@ -56,21 +55,14 @@ class ClickHouseService:
         self.tls = tls
         self.data_path = self.root / "data"
         self.log_path = self.root / "clickhouse_http.log"
-        self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"{'http' if self.tls is None else 'https'}://{self.host}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None and self._process.alive() else None
-
     def start(self, timeout: float = 30.0) -> None:
         """Start the front and return once it answers /ping; `DevstackError` says what failed."""
-        if self._process is not None and self._process.alive():
-            raise DevstackError(f"ClickHouse front on port {self.port} is already running")
-        self._check_port()
+        self._refuse_busy(self.port, self.host, what="ClickHouse front")
         self.root.mkdir(parents=True, exist_ok=True)
         data_arg = f"--data={self.data_path.resolve()}"
         tls_args = (
@@ -94,29 +86,14 @@ class ClickHouseService:
             marker=data_arg,
             env={PASSWORD_ENV: self._password},
         )
-        process.start()
-        self._process = process
-        process.wait_ready(self.healthy, timeout=timeout)
-
-    def _check_port(self) -> None:
-        """Refuse a port someone listens on; sockets only in TIME_WAIT do not count."""
-        try:
-            ensure_port_free(self.port, self.host, what="ClickHouse front")
-        except DevstackError:
-            if port_open(self.port, self.host):
-                raise
-
-    def stop(self) -> None:
-        """Stop the front by its PID (no-op if it is not running)."""
-        if self._process is not None:
-            self._process.stop()
+        self._launch(process, self.healthy, timeout)
 
     def kill(self) -> None:
         """SIGKILL the front (fault injection) and reap it; the data path stays usable."""
-        if self._process is not None and self._process.popen is not None:
-            self._process.kill()
+        if self.process is not None and self.process.popen is not None:
+            self.process.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.popen.wait(timeout=10.0)
+                self.process.popen.wait(timeout=10.0)
 
     def healthy(self) -> bool:
         """True if the front answers ``GET /ping`` with ``Ok.``."""

@@ -15,6 +15,7 @@ from devstack.process import (
     LOOPBACK,
     DevstackError,
     ManagedProcess,
+    ManagedService,
     ensure_port_free,
     free_port,
     port_open,
@@ -53,7 +54,7 @@ def broker_healthy(bootstrap: str, timeout: float = 2.0) -> bool:
     return bool(metadata.brokers)
 
 
-class KafkaBroker:
+class KafkaBroker(ManagedService):
     """One tansu broker on 127.0.0.1; `s3` given means durable storage in that moto bucket."""
 
     def __init__(
@@ -64,11 +65,11 @@ class KafkaBroker:
         s3: MotoS3 | None = None,
         bucket: str = "tansu",
     ) -> None:
+        super().__init__()
         self.root = root
         self.port = port or free_port()
         self.s3 = s3
         self.bucket = bucket
-        self.process: ManagedProcess | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -77,10 +78,6 @@ class KafkaBroker:
     @property
     def storage(self) -> str:
         return f"s3://{self.bucket}/" if self.s3 is not None else "memory://tansu/"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the broker (creating the S3 bucket first if needed) and wait for metadata;
@@ -93,7 +90,7 @@ class KafkaBroker:
             self.s3.ensure_bucket(self.bucket)
             env.update(self.s3.client_env())
         listener = f"tcp://{self.bootstrap}"
-        self.process = ManagedProcess(
+        process = ManagedProcess(
             name="tansu broker",
             argv=[
                 binary,
@@ -111,8 +108,7 @@ class KafkaBroker:
             marker=listener,
             env=env,
         )
-        self.process.start()
-        self.process.wait_ready(lambda: broker_healthy(self.bootstrap), timeout=timeout)
+        self._launch(process, lambda: broker_healthy(self.bootstrap), timeout)
 
     def healthy(self) -> bool:
         try:
@@ -121,10 +117,6 @@ class KafkaBroker:
             )
         except Exception:
             return False
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
 
     def restart(self, timeout: float = 30.0) -> None:
         """Stop and start the broker on the same port and storage."""

@@ -6,7 +6,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from devstack.process import LOOPBACK, ManagedProcess, ensure_port_free, free_port
+from devstack.process import LOOPBACK, ManagedProcess, ManagedService, ensure_port_free, free_port
 
 REGION = "us-east-1"
 # moto accepts any credentials; these only have to be present and consistent.
@@ -14,21 +14,17 @@ ACCESS_KEY = "hakafka-dev"
 SECRET_KEY = "hakafka-dev-secret"
 
 
-class MotoS3:
+class MotoS3(ManagedService):
     """moto's S3 server on 127.0.0.1, state in memory for the life of the process."""
 
     def __init__(self, root: Path, *, port: int | None = None) -> None:
+        super().__init__()
         self.root = root
         self.port = port or free_port()
-        self.process: ManagedProcess | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def client_env(self) -> dict[str, str]:
         """Environment for an S3 client (tansu's object store) pointed at this server."""
@@ -47,14 +43,13 @@ class MotoS3:
         is stopped (`ManagedProcess.wait_ready`)."""
         ensure_port_free(self.port, what="moto S3 server")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.process = ManagedProcess(
+        process = ManagedProcess(
             name="moto S3 server",
             argv=[sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
             log_path=self.root / "moto.log",
             marker="moto.server",
         )
-        self.process.start()
-        self.process.wait_ready(self.healthy, timeout=timeout)
+        self._launch(process, self.healthy, timeout)
 
     def healthy(self) -> bool:
         try:
@@ -68,7 +63,3 @@ class MotoS3:
         request = urllib.request.Request(f"{self.endpoint}/{bucket}", method="PUT")
         with urllib.request.urlopen(request, timeout=5.0):
             pass
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()

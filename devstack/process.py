@@ -273,6 +273,42 @@ class ManagedProcess:
             os.kill(self.popen.pid, sig)
 
 
+class ManagedService:
+    """A devstack service run as one `ManagedProcess`: `process` (None until `start`), its
+    PID while it runs, started healthy or not at all, stopped by PID."""
+
+    def __init__(self) -> None:
+        self.process: ManagedProcess | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The PID of the service's process while it runs, else None."""
+        return self.process.pid if self.process is not None and self.process.alive() else None
+
+    def _refuse_busy(self, port: int, host: str, *, what: str) -> None:
+        """Raise `DevstackError` naming `what` if this service already runs or something
+        listens on `host:port`; sockets only in TIME_WAIT do not count."""
+        if self.process is not None and self.process.alive():
+            raise DevstackError(f"{what} on port {port} is already running")
+        try:
+            ensure_port_free(port, host, what=what)
+        except DevstackError:
+            if port_open(port, host):
+                raise
+
+    def _launch(self, process: ManagedProcess, ready: Callable[[], bool], timeout: float) -> None:
+        """Start `process` as this service's and return once `ready()` is true; one that is
+        not ready within `timeout` s is stopped by PID (`ManagedProcess.wait_ready`)."""
+        process.start()
+        self.process = process
+        process.wait_ready(ready, timeout=timeout)
+
+    def stop(self) -> None:
+        """Stop the service's process by its PID (no-op if it is not running)."""
+        if self.process is not None:
+            self.process.stop()
+
+
 def run_hakafka(args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
     """`hakafka ARGS` as an operator runs it: a child process of this Python, its output
     captured, waited for at most `timeout` s (`subprocess.TimeoutExpired` after)."""

@@ -41,11 +41,9 @@ from typing import Any
 
 from devstack.process import (
     LOOPBACK,
-    DevstackError,
     ManagedProcess,
-    ensure_port_free,
+    ManagedService,
     free_port,
-    port_open,
 )
 
 SERVER_MODULE = "devstack.schema_registry"
@@ -242,36 +240,26 @@ def _handler(state: RegistryState, auth: str) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class SchemaRegistryService:
+class SchemaRegistryService(ManagedService):
     """One registry process on 127.0.0.1; `root` holds its state file and log."""
 
     def __init__(
         self, root: Path, *, port: int | None = None, auth: tuple[str, str] | None = None
     ) -> None:
+        super().__init__()
         self.root = Path(root)
         self.host = LOOPBACK
         self.port = port if port is not None else free_port()
         self._auth = ":".join(auth) if auth else ""
-        self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None and self._process.alive() else None
-
     def start(self, timeout: float = 30.0) -> None:
         """Start the registry (same port and state as before, if restarted) and return once
         it answers `GET /subjects`."""
-        if self._process is not None and self._process.alive():
-            raise DevstackError(f"schema registry on port {self.port} is already running")
-        try:
-            ensure_port_free(self.port, self.host, what="schema registry")
-        except DevstackError:
-            if port_open(self.port, self.host):
-                raise
+        self._refuse_busy(self.port, self.host, what="schema registry")
         self.root.mkdir(parents=True, exist_ok=True)
         data_arg = f"--data={self.root.resolve()}"
         process = ManagedProcess(
@@ -281,14 +269,7 @@ class SchemaRegistryService:
             marker=data_arg,
             env={AUTH_ENV: self._auth},
         )
-        process.start()
-        self._process = process
-        process.wait_ready(self.healthy, timeout=timeout)
-
-    def stop(self) -> None:
-        """Stop the registry by its PID (no-op if it is not running)."""
-        if self._process is not None:
-            self._process.stop()
+        self._launch(process, self.healthy, timeout)
 
     def healthy(self) -> bool:
         return registry_healthy(self.url)

@@ -20,6 +20,7 @@ from pathlib import Path
 from devstack.process import (
     LOOPBACK,
     ManagedProcess,
+    ManagedService,
     ensure_port_free,
     free_port,
     port_open,
@@ -161,24 +162,20 @@ class SparkStandalone:
                 process.stop()
 
 
-class SparkConnectServer:
+class SparkConnectServer(ManagedService):
     """A Spark Connect server (`master`, default its own `local[2]`) on 127.0.0.1."""
 
     def __init__(self, root: Path, *, master: str = "local[2]", driver_memory: str = "1g") -> None:
+        super().__init__()
         self.root = root
         self.master = master
         self.driver_memory = driver_memory
         self.port = free_port()
-        self.process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         """The Spark Connect URL clients use: `sc://127.0.0.1:<port>`."""
         return f"sc://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def start(self, timeout: float = 90.0) -> None:
         """Start the server; return once it accepts connections (stopped on failure)."""
@@ -198,7 +195,7 @@ class SparkConnectServer:
                 "spark.sql.warehouse.dir": str(self.root / "warehouse"),
             },
         )
-        self.process = ManagedProcess(
+        process = ManagedProcess(
             name="Spark Connect server",
             argv=[
                 str(spark_home() / "bin" / "spark-class"),
@@ -220,12 +217,7 @@ class SparkConnectServer:
             env=_spark_env(self.root, self.driver_memory),
             cwd=self.root,
         )
-        self.process.start()
-        self.process.wait_ready(lambda: port_open(self.port), timeout=timeout)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
+        self._launch(process, lambda: port_open(self.port), timeout)
 
 
 # Each mode by the name of its main recorded service.

@@ -247,6 +247,17 @@ def avro_typed_record(**changes: Any) -> dict[str, Any]:
     return {**record, **changes}
 
 
+# The columns of a `proto_typed_class` message, each of its own field.
+PROTO_TYPED = {
+    "u": "UUID",
+    "kind": "Enum8('click' = 1, 'view' = 2)",
+    "fx": "FixedString(4)",
+    "m": "Map(String, Int64)",
+    "us": "Array(UUID)",
+    "w": "Nullable(Int32)",
+}
+
+
 def proto_typed_class() -> Any:
     """`Typed {string u; Kind kind; bytes fx; map<string, int64> m; repeated string us;
     google.protobuf.Int32Value w}`, built from a descriptor."""

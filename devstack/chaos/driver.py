@@ -506,10 +506,21 @@ class ChaosDriver:
         where kazoo keeps a silent connection for 2/3 of it) it is `FROZEN_SHARE` of the
         session: many request timeouts in a row on one live connection."""
         t = self.targets
-        shard, name, node = self._leader()
-        if name not in t.zk_proxies:
-            raise _Skip(f"{name}, the leader of shard {shard}, has no ZooKeeper proxy")
-        session = load_config(node.config_path).zookeeper.session_timeout
+        leaders = [
+            (shard, info.node)
+            for shard in t.shards
+            if (info := t.coordinator.leader_of(shard)) is not None and info.node in t.zk_proxies
+        ]
+        if not leaders:
+            raise _Skip("no shard's leader talks to ZooKeeper through a proxy")
+        sessions = {
+            n: load_config(t.cluster.nodes[n].config_path).zookeeper.session_timeout
+            for n in {n for _, n in leaders}
+        }
+        # Half of the time a leader with a long session where one leads: its case is rarer.
+        long = [(s, n) for s, n in leaders if sessions[n] >= LONG_SESSION_S]
+        shard, name = self.rng.choice(long if long and self.rng.random() < 0.5 else leaders)
+        session = sessions[name]
         stall = session * FROZEN_SHARE if session >= LONG_SESSION_S else t.request_timeout + 0.3
         proxy = t.zk_proxies[name]
         proxy.stall_next_connection(stall)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn, TypeVar
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, NoReturn, Self, TypeVar, get_type_hints
 
 from hakafka.coordination.errors import CorruptZnodeError
 from hakafka.typed_reader import Check, TypedReader
@@ -66,8 +66,39 @@ def _dump(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
+class _Record:
+    """A record (a dataclass) stored as the JSON object of its fields. `decode` reads each
+    field, in declaration order, as required and of its annotated type, but those named in
+    `OPTIONAL`: absent or null, they read as their default. A record with fields of other
+    shapes decodes itself."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    def encode(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def read(cls, v: _Fields) -> Self:
+        """The record whose fields `v` holds (`CorruptZnodeError` at its first bad field)."""
+        kinds = get_type_hints(cls)
+        return cls(
+            **{
+                f.name: v.optional(f.name, kinds[f.name], f.default)
+                if f.name in cls.OPTIONAL
+                else v.required(f.name, kinds[f.name])
+                for f in fields(cls)
+            }
+        )
+
+    @classmethod
+    def decode(cls, path: str, raw: bytes) -> Self:
+        """The record stored in znode `path` (`CorruptZnodeError` if it is not one)."""
+        return cls.read(_fields(path, raw))
+
+
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(_Record):
     """A daemon's endpoints, published in `nodes/<node>` while it runs."""
 
     host: str
@@ -77,45 +108,18 @@ class NodeInfo:
     version: str
     started: float = field(default_factory=time.time)
 
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
-
-    @classmethod
-    def decode(cls, path: str, raw: bytes) -> NodeInfo:
-        v = _fields(path, raw)
-        return cls(
-            host=v.required("host", str),
-            http=v.required("http", str),
-            flight=v.required("flight", str),
-            pid=v.required("pid", int),
-            version=v.required("version", str),
-            started=v.required("started", float),
-        )
-
 
 @dataclass(frozen=True)
-class ReplacingInfo:
+class ReplacingInfo(_Record):
     """Why and since when a node is under replacement (`replacing/<node>`)."""
 
     since: float
     by: str
     reason: str
 
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
-
-    @classmethod
-    def decode(cls, path: str, raw: bytes) -> ReplacingInfo:
-        v = _fields(path, raw)
-        return cls(
-            since=v.required("since", float),
-            by=v.required("by", str),
-            reason=v.required("reason", str),
-        )
-
 
 @dataclass(frozen=True)
-class LeaderInfo:
+class LeaderInfo(_Record):
     """The shard's current leader (`shards/<s>/leader`); `status` is set by the daemon."""
 
     node: str
@@ -123,22 +127,9 @@ class LeaderInfo:
     since: float
     status: str = "elected"
 
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
-
-    @classmethod
-    def decode(cls, path: str, raw: bytes) -> LeaderInfo:
-        v = _fields(path, raw)
-        return cls(
-            node=v.required("node", str),
-            epoch=v.required("epoch", int),
-            since=v.required("since", float),
-            status=v.required("status", str),
-        )
-
 
 @dataclass(frozen=True)
-class FailoverRequest:
+class FailoverRequest(_Record):
     """An ops request to move a shard's leadership (`shards/<s>/failover`).
 
     `to` is the target node or None for "any other node"; `deadline` (Unix time) ends the
@@ -149,9 +140,6 @@ class FailoverRequest:
     to: str | None
     at: float
     deadline: float
-
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
 
     @classmethod
     def decode(cls, path: str, raw: bytes) -> FailoverRequest:
@@ -166,7 +154,7 @@ class FailoverRequest:
 
 
 @dataclass(frozen=True)
-class HeldBy:
+class HeldBy(_Record):
     """The leader that stopped a paused pipeline, in the term of fencing `token`."""
 
     node: str
@@ -175,7 +163,7 @@ class HeldBy:
 
 
 @dataclass(frozen=True)
-class PauseRecord:
+class PauseRecord(_Record):
     """An ops pause of one shard's pipeline (`shards/<s>/paused/<pipeline>`).
 
     `held` is set by the shard's leader once the pipeline stopped in its term (None until
@@ -192,26 +180,16 @@ class PauseRecord:
     that pause it for their own duration (`offsets set`, `pending drop`), so one killed
     half-way leaves no pause behind. None for `pipeline pause`: an ops decision."""
 
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
-
     @classmethod
     def decode(cls, path: str, raw: bytes) -> PauseRecord:
         v = _fields(path, raw)
         held = v.optional("held", dict, None, type_problem="field 'held' must be an object or null")
-        by_term = None if held is None else _Fields(held, path)
         return cls(
             by=v.required("by", str),
             at=v.required("at", float),
             reason=v.required("reason", str),
             deadline=v.optional("deadline", float, None),
-            held=None
-            if by_term is None
-            else HeldBy(
-                node=by_term.required("node", str),
-                epoch=by_term.required("epoch", int),
-                token=by_term.required("token", int),
-            ),
+            held=None if held is None else HeldBy.read(_Fields(held, path)),
         )
 
 
@@ -302,7 +280,7 @@ class PendingIntent:
 
 
 @dataclass(frozen=True)
-class ReshardRequest:
+class ReshardRequest(_Record):
     """A reshard in progress (`/reshard`), made against `/settings` at `settings_version`:
     every leader drains (commits all it holds, consumes nothing) and reports it. Past
     `deadline` (Unix time) a reshard that did not complete is aborted by the leaders: the
@@ -314,45 +292,21 @@ class ReshardRequest:
     shard_count: int
     deadline: float = 0.0
 
+    OPTIONAL = frozenset({"deadline"})
+
     def __post_init__(self) -> None:
         if not self.deadline:
             object.__setattr__(self, "deadline", self.at + RESHARD_DEADLINE_S)
 
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
-
-    @classmethod
-    def decode(cls, path: str, raw: bytes) -> ReshardRequest:
-        v = _fields(path, raw)
-        return cls(
-            by=v.required("by", str),
-            at=v.required("at", float),
-            settings_version=v.required("settings_version", int),
-            shard_count=v.required("shard_count", int),
-            deadline=v.optional("deadline", float, 0.0),
-        )
-
 
 @dataclass(frozen=True)
-class DrainedInfo:
+class DrainedInfo(_Record):
     """`/reshard/<shard>`: the shard's leader, in the term of fencing `token`, committed
     everything it held and consumes nothing until the reshard ends."""
 
     node: str
     epoch: int
     token: int
-
-    def encode(self) -> bytes:
-        return _dump(asdict(self))
-
-    @classmethod
-    def decode(cls, path: str, raw: bytes) -> DrainedInfo:
-        v = _fields(path, raw)
-        return cls(
-            node=v.required("node", str),
-            epoch=v.required("epoch", int),
-            token=v.required("token", int),
-        )
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:

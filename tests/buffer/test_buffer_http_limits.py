@@ -25,6 +25,7 @@ from buffer.limits import ServerLimits
 from buffer.sql import Forward
 from hakafka.config import NodeServerConfig, parse_config
 from hakafka.settings import server_limits
+from tests.helpers.configs import minimal
 
 TOKEN = "s3cret-token"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"
@@ -353,20 +354,11 @@ def test_server_keys_default_to_the_library_limits_and_reach_it() -> None:
     names = [f.name for f in dataclasses.fields(ServerLimits)]
     defaults = NodeServerConfig()
     assert ServerLimits(**{n: getattr(defaults, n) for n in names}) == ServerLimits()
-    config = parse_config(
-        {
-            "node": "n1",
-            "shards": [0],
-            "zookeeper": {"hosts": "zk:2181"},
-            "kafka": {"bootstrap": "k:9092"},
-            "clickhouse": {"replicas": {"0": {"n1": "ch:8123"}}},
-            "server": {
-                "max_request_bytes": 4096,
-                "request_timeout": 2.5,
-                "max_connections": 8,
-                "max_concurrent_queries": 2,
-            },
-            "pipelines": [{"name": "p", "topic": "t", "table": "p", "columns": {"v": "Int64"}}],
-        }
-    )
+    server = {
+        "max_request_bytes": 4096,
+        "request_timeout": 2.5,
+        "max_connections": 8,
+        "max_concurrent_queries": 2,
+    }
+    config = parse_config(minimal(server=server))
     assert server_limits(config) == ServerLimits(4096, 2.5, 8, 2)

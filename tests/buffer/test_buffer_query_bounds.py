@@ -11,15 +11,12 @@ import contextlib
 import dataclasses
 import json
 import os
-import select
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote
 
 import pyarrow.flight as fl
@@ -31,6 +28,7 @@ from buffer.sql import QueryResult, ResultTooLargeError
 from hakafka.config import NodeServerConfig, parse_config
 from hakafka.settings import query_limits
 from tests.fresh import ROOT
+from tests.helpers.child_server import ChildServer
 
 WAIT_S = 30.0  # the longest any one request, or the child's start, may take
 MIB = 1 << 20
@@ -51,38 +49,18 @@ sys.stdin.readline()  # until the test closes our stdin
 """
 
 
-class Served:
+class Served(ChildServer):
     """A child process serving an engine with `limits` over HTTP and Flight, in `cwd`."""
 
     def __init__(self, limits: QueryLimits, cwd: Path) -> None:
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-c", SERVER, json.dumps(dataclasses.asdict(limits))],
-            cwd=cwd,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+            start_s=WAIT_S,
+            cwd=cwd,
         )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], WAIT_S)
-        assert ready, "the server did not start in time"
-        urls = json.loads(self.proc.stdout.readline())
-        self.http: str = urls["http"]
-        self.flight: str = urls["flight"]
-
-    def __enter__(self) -> Served:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        self.http: str = self.announced["http"]
+        self.flight: str = self.announced["flight"]
 
     def peak_rss(self) -> int:
         """The child's peak resident set so far (VmHWM), in bytes."""

@@ -18,6 +18,7 @@ from devstack.process import running
 from devstack.tls import CertificateFiles, make_certificates
 from hakafka.config import parse_config
 from hakafka.settings import connection_of
+from tests.helpers.configs import minimal
 
 pytestmark = [pytest.mark.integration]
 
@@ -38,21 +39,12 @@ def https_clickhouse(
 
 def connection_with(ca_file: Path, port: int) -> Connection:
     """The Connection hakafka builds from a config with `[clickhouse] ca_file`."""
-    config = parse_config(
-        {
-            "node": "n1",
-            "shards": [0],
-            "zookeeper": {"hosts": "127.0.0.1:1"},
-            "kafka": {"bootstrap": "127.0.0.1:1"},
-            "clickhouse": {
-                "replicas": {"0": {"n1": f"127.0.0.1:{port}"}},
-                "secure": True,
-                "ca_file": str(ca_file),
-            },
-            "pipelines": [{"name": "p", "topic": "t", "table": "p", "columns": {"v": "Int64"}}],
-        }
-    )
-    return connection_of(config)
+    clickhouse = {
+        "replicas": {"0": {"n1": f"127.0.0.1:{port}"}},
+        "secure": True,
+        "ca_file": str(ca_file),
+    }
+    return connection_of(parse_config(minimal(clickhouse=clickhouse)))
 
 
 def test_the_ca_file_verifies_clickhouse(

@@ -17,6 +17,7 @@ from hakafka.consumer.protobuf import message_indexes
 from hakafka.consumer.registry import RegistrySettings, RegistryUnavailableError
 from tests.formats import (
     COLUMNS,
+    PROTO_TYPED,
     VALUE_CONTEXT,
     declared,
     decode,
@@ -163,16 +164,8 @@ def test_the_clickhouse_types_from_protobuf_are_converted_and_checked_like_json(
         value(kind=0),  # "unknown" is not one of the Enum8's names
         value(fx=b"abcde"),  # longer than FixedString(4)
     ]
-    columns = {
-        "u": "UUID",
-        "kind": "Enum8('click' = 1, 'view' = 2)",
-        "fx": "FixedString(4)",
-        "m": "Map(String, Int64)",
-        "us": "Array(UUID)",
-        "w": "Nullable(Int32)",
-    }
-    batch = decode(decoder(registry, columns), values)
-    assert batch.rows.select(list(columns)).to_pylist() == [
+    batch = decode(decoder(registry, PROTO_TYPED), values)
+    assert batch.rows.select(list(PROTO_TYPED)).to_pylist() == [
         {
             "u": uuid.lower(),
             "kind": "view",

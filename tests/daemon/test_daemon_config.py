@@ -29,7 +29,7 @@ from hakafka.config import (
 from hakafka.consumer import Format, OnError, OutOfRange
 from hakafka.coordination import ZkTls
 from hakafka.settings import zk_config
-from tests.helpers.configs import GOOD, problems_of, write
+from tests.helpers.configs import GOOD, NOWHERE, minimal, problems_of, write
 from wal import FsyncPolicy
 
 
@@ -304,19 +304,10 @@ def test_every_choice_names_the_enum_values(tmp_path: Path) -> None:
 
 def test_left_out_keys_take_the_dataclass_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     without_env_secrets(monkeypatch)
-    config = parse_config(
-        {
-            "node": "n1",
-            "shards": [0],
-            "zookeeper": {"hosts": "zk:2181"},
-            "kafka": {"bootstrap": "k:9092"},
-            "clickhouse": {"replicas": {"0": {"n1": "ch:8123"}}},
-            "pipelines": [{"name": "p", "topic": "t", "table": "p", "columns": {"v": "Int64"}}],
-        }
-    )
+    config = parse_config(minimal())
     assert (config.shard_count, config.data_dir) == (Config.shard_count, Config.data_dir)
-    assert config.zookeeper == ZooKeeperConfig(hosts="zk:2181")
-    assert config.kafka == KafkaConfig(bootstrap="k:9092")
+    assert config.zookeeper == ZooKeeperConfig(hosts=NOWHERE)
+    assert config.kafka == KafkaConfig(bootstrap=NOWHERE)
     assert config.kafka.out_of_range is OutOfRange.FAIL
     assert config.clickhouse == ClickHouseConfig(replicas=config.clickhouse.replicas)
     assert (config.spark, config.server) == (SparkConfig(), NodeServerConfig())

@@ -14,20 +14,12 @@ from hakafka.consumer import Format
 from hakafka.consumer.avro import AvroDecoder
 from hakafka.settings import decoder_of, pipeline_schema, registry_of
 from tests.formats import AVRO_V1
+from tests.helpers.configs import minimal
 
 
 def config(pipeline: dict[str, Any], registry: dict[str, Any] | None = None) -> Any:
-    data: dict[str, Any] = {
-        "node": "n1",
-        "shards": [0],
-        "zookeeper": {"hosts": "127.0.0.1:1"},
-        "kafka": {"bootstrap": "127.0.0.1:1"},
-        "clickhouse": {"replicas": {"0": {"n1": "127.0.0.1:1"}}},
-        "pipelines": [
-            {"name": "events", "topic": "t", "table": "events", "columns": {"id": "Int64"}}
-            | pipeline
-        ],
-    }
+    events = {"name": "events", "topic": "t", "table": "events", "columns": {"id": "Int64"}}
+    data = minimal(pipelines=[events | pipeline])
     if registry is not None:
         data["schema_registry"] = registry
     return parse_config(data)

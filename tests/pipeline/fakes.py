@@ -39,6 +39,7 @@ from hakafka.pipeline.parts import Flushed
 from hakafka.pipeline.replay import WalIndex
 from hakafka.pipeline.state import PipelineStatus, Signals
 from hakafka.settings import shard_assignment
+from tests.helpers.configs import minimal
 from wal import WriteAheadLog
 
 TOPIC = "events"
@@ -56,26 +57,16 @@ def pipeline_config(on_error: str = "dead_letter", **buffer: int | float) -> Con
     settings: dict[str, int | float] = {"min_rows": 1, "min_bytes": 1, "min_age": 0.01}
     settings.update(buffer)
     settings.setdefault("limit_bytes", max(1 << 30, int(settings.get("max_bytes", 0))))
-    return parse_config(
-        {
-            "node": "n1",
-            "shards": [0],
-            "zookeeper": {"hosts": "127.0.0.1:1"},
-            "kafka": {"bootstrap": "127.0.0.1:1"},
-            "clickhouse": {"replicas": {"0": {"n1": "127.0.0.1:1"}}},
-            "pipelines": [
-                {
-                    "name": "events",
-                    "topic": TOPIC,
-                    "table": "events",
-                    "columns": {"user": "String", "amount": "Int64"},
-                    "on_error": on_error,
-                    "buffer": settings,
-                    "wal": {"fsync": "off"},
-                }
-            ],
-        }
-    )
+    events = {
+        "name": "events",
+        "topic": TOPIC,
+        "table": "events",
+        "columns": {"user": "String", "amount": "Int64"},
+        "on_error": on_error,
+        "buffer": settings,
+        "wal": {"fsync": "off"},
+    }
+    return parse_config(minimal(pipelines=[events]))
 
 
 def decoder_for(config: PipelineConfig) -> Decoder:

@@ -26,6 +26,7 @@ from spark_bridge.runtime import prepare_session
 from tests.formats import (
     AVRO_TYPED,
     AVRO_TYPED_WRITER,
+    PROTO_TYPED,
     UUID_TEXT,
     VALUE_CONTEXT,
     avro_serializer,
@@ -41,14 +42,6 @@ __all__ = ["registry"]  # the fixture
 
 ROWS = 30
 UUID = UUID_TEXT.lower()
-PROTO_TYPED = {
-    "u": "UUID",
-    "kind": "Enum8('click' = 1, 'view' = 2)",
-    "fx": "FixedString(4)",
-    "m": "Map(String, Int64)",
-    "us": "Array(UUID)",
-    "w": "Nullable(Int32)",
-}
 
 
 def avro_values(client: SchemaRegistryClient) -> tuple[list[bytes], list[dict[str, Any]]]:

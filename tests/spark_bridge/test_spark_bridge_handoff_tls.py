@@ -30,7 +30,7 @@ from spark_bridge.handoff import (
     PortRange,
     SliceHandoff,
 )
-from tests.helpers.configs import GOOD, problems_of
+from tests.helpers.configs import GOOD, minimal, problems_of
 from tests.helpers.landing import stats
 from tests.helpers.spark_blocks import make_block, replica, spec
 from tests.spark_bridge.spark_secret_probe import cmdline, descendants
@@ -41,19 +41,7 @@ ToEvents = Callable[[HandoffOptions], FlushTarget]
 def options_of(server: dict[str, str], spark: dict[str, str]) -> HandoffOptions:
     """The handoff options hakafka builds from a config with these `[server]` and `[spark]`
     keys."""
-    config = parse_config(
-        {
-            "node": "n1",
-            "shards": [0],
-            "zookeeper": {"hosts": "127.0.0.1:1"},
-            "kafka": {"bootstrap": "127.0.0.1:1"},
-            "clickhouse": {"replicas": {"0": {"n1": "127.0.0.1:8123"}}},
-            "server": server,
-            "spark": spark,
-            "pipelines": [{"name": "p", "topic": "t", "table": "p", "columns": {"v": "Int64"}}],
-        }
-    )
-    return handoff_options(config)
+    return handoff_options(parse_config(minimal(server=server, spark=spark)))
 
 
 def tls_keys(certs: CertificateFiles, ca_file: Path | None) -> dict[str, str]:
