@@ -130,19 +130,61 @@ class LivenessMonitor:
         return max(waits, default=None)
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """One applied fault: seconds from its end until every shard progressed again (None:
+    not seen), and how long the run left it alone (until the next fault or reshard began;
+    None: nothing came after it)."""
+
+    kind: str
+    ended: float  # seconds into the run
+    took: float | None
+    alone: float | None
+
+    def slow(self, bound: float) -> bool:
+        """True if the shards had `bound` seconds to themselves after this fault and did not
+        all progress within them; a fault the next one followed sooner proves nothing."""
+        if self.took is not None and self.took <= bound:
+            return False
+        return self.alone is None or self.alone >= bound
+
+
+def recoveries(
+    faults: Sequence[Fault],
+    began: float,
+    monitor: LivenessMonitor,
+    disturbances: Sequence[float] = (),
+) -> list[Recovery]:
+    """A `Recovery` for each applied fault; `disturbances` are other moments (seconds into
+    the run) that stop the shards as a fault does, e.g. a reshard's request."""
+    applied = [f for f in faults if f.outcome.startswith("applied")]
+    starts = sorted([f.at for f in applied] + list(disturbances))
+    found = []
+    for fault in applied:
+        ended = fault.at + fault.seconds
+        after = [t for t in starts if t > fault.at]
+        found.append(
+            Recovery(
+                fault.kind,
+                ended,
+                monitor.progress_after(began + ended),
+                max(0.0, after[0] - ended) if after else None,
+            )
+        )
+    return found
+
+
 def liveness_summary(
-    faults: Sequence[Fault], began: float, monitor: LivenessMonitor, bounds: Sequence[float]
+    found: Sequence[Recovery], monitor: LivenessMonitor, bounds: Sequence[float]
 ) -> str:
     """Per fault kind, the longest time from a fault's end until every shard progressed
     again, and for each of `bounds` the samples of a shard stuck past it while its nodes
     said ready."""
     longest: dict[str, float | None] = {}
-    for fault in faults:
-        if not fault.outcome.startswith("applied"):
-            continue
-        took = monitor.progress_after(began + fault.at + fault.seconds)
-        before = longest.get(fault.kind, 0.0)
-        longest[fault.kind] = None if took is None or before is None else max(before, took)
+    for recovery in found:
+        before = longest.get(recovery.kind, 0.0)
+        took = recovery.took
+        longest[recovery.kind] = None if took is None or before is None else max(before, took)
     kinds = ", ".join(
         f"{kind} {'never' if s is None else f'{s:.1f}s'}" for kind, s in sorted(longest.items())
     )

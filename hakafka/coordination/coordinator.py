@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import structlog
@@ -42,11 +43,13 @@ from hakafka.coordination.records import (
 from hakafka.coordination.registry import Registry
 from hakafka.coordination.reshard import ReshardStore
 from hakafka.coordination.session import ZkConfig, ZkSession
+from retry_policy import Backoff, Waiter
 
 log = structlog.get_logger("hakafka.coordination")
 
 DEFAULT_FAILOVER_TIMEOUT_S = 30.0
 RECONCILE_EVERY_S = 3.0
+REGISTER_BACKOFF = Backoff(first=0.5, maximum=4.0)
 
 
 class Coordinator:
@@ -209,11 +212,30 @@ class Coordinator:
 
         First the root's ACL is checked (`ZkSession.check_root_acl`: a warning, or
         OpenAclError under `require_acl`). NodeIdTakenError if another live session holds
-        the node id (see `Registry.register`, which may wait for a previous session's end)."""
-        self._call(self._session.check_root_acl)
-        self._call(
-            self._register, self.config.session_timeout_s + 5 * self.config.request_timeout_s
-        )
+        the node id (see `Registry.register`, which may wait for a previous session's end).
+
+        A request that gets no answer (a slow or frozen server on a live connection) is
+        asked again, backing off, for up to a session timeout from the first that did not:
+        then ZooKeeperUnavailableError. A start-up must not die of a stall that the session
+        itself outlives."""
+        config = self.config
+        waiter = Waiter(self._closing)
+        silent_since: float | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self._call(self._session.check_root_acl)
+                self._call(self._register, config.session_timeout_s + 5 * config.request_timeout_s)
+                return
+            except (ZooKeeperUnavailableError, TimeoutError) as exc:
+                now = time.monotonic()
+                silent_since = now if silent_since is None else silent_since
+                if now - silent_since >= config.session_timeout_s or self._closing.is_set():
+                    raise
+                delay = REGISTER_BACKOFF.delay(attempt)
+                log.warning("registry.retrying", node=self.node_id, error=str(exc), retry_s=delay)
+                waiter.sleep(delay)
 
     def _register(self) -> None:
         self._registry.register(self.node_id, self.endpoints)

@@ -39,8 +39,8 @@ from devstack.chaos.checks import (
     too_slow,
     verify_wals,
 )
-from devstack.chaos.driver import ChaosDriver, ChaosTargets, ReshardAttempt, ReshardPlan
-from devstack.chaos.liveness import LivenessMonitor, LivenessSample
+from devstack.chaos.driver import ChaosDriver, ChaosTargets, Fault, ReshardAttempt, ReshardPlan
+from devstack.chaos.liveness import LivenessMonitor, LivenessSample, recoveries
 from devstack.chaos.watcher import LeaderObservation, leader_violations
 from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints, render_config
 from hakafka.config import load_config
@@ -577,3 +577,24 @@ def test_ready_while_stuck_counts_runs_of_lying_probes() -> None:
         (1, 3.0),
     ]
     assert monitor.ready_while_stuck(60.0) == []
+
+
+def test_a_recovery_is_slow_only_when_the_shards_were_left_alone_that_long() -> None:
+    monitor = LivenessMonitor(cast(Any, None), list)
+    # One shard sampled each second: stuck from t=10 until it progresses at t=25, then fine.
+    for t in range(40):
+        stalled = float(t - 10) if 10 <= t < 25 else 0.0
+        monitor.samples.append(LivenessSample(float(t), 0, stalled, True))
+    faults = [
+        Fault(10.0, "kill_leader", "n1", "applied: SIGKILL", 2.0),  # ends at 12
+        Fault(13.0, "failover", "-", "refused: no candidate", 0.0),  # not applied: ignored
+        Fault(30.0, "stop_leader", "n2", "applied: SIGSTOP", 1.0),  # ends at 31
+    ]
+    first, last = recoveries(faults, 0.0, monitor, disturbances=[20.0])
+    assert (first.kind, first.ended, first.took, first.alone) == ("kill_leader", 12.0, 13.0, 8.0)
+    assert (last.kind, last.took, last.alone) == ("stop_leader", 0.0, None)
+    # 13 s to progress: slow against a 10 s bound only if nothing else came within 10 s.
+    assert not first.slow(10.0)  # the reshard at t=20 came first
+    assert recoveries(faults, 0.0, monitor)[0].slow(10.0)  # nothing until t=30
+    assert not recoveries(faults, 0.0, monitor)[0].slow(13.0)
+    assert not last.slow(1.0)

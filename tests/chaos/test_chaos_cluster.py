@@ -62,7 +62,7 @@ from devstack.chaos.checks import (
     verify_wals,
 )
 from devstack.chaos.driver import SEED_ENV, ChaosDriver, ChaosTargets, ReshardPlan, chaos_seed
-from devstack.chaos.liveness import LivenessMonitor, liveness_summary
+from devstack.chaos.liveness import LivenessMonitor, liveness_summary, recoveries
 from devstack.chaos.netns import NetworkNamespace, netns_unavailable
 from devstack.chaos.watcher import LeadershipWatcher
 from devstack.clickhouse import ClickHouseService
@@ -128,6 +128,9 @@ class Variant:
     bound_consuming: bool
     reshard_after: int | None  # applied faults before the reshard (None: no reshard)
     session_timeouts: dict[str, float] = field(default_factory=dict)  # node -> own session
+    # Warm standby (`[spark] on_followers`, the default) and a bound on every recovery: only
+    # the long run; three Spark drivers beside the rest of `make test` would starve it.
+    warm_standby: bool = False
 
     @property
     def shard_bound(self) -> float:
@@ -135,13 +138,23 @@ class Variant:
         checkpoint, but while the shard has no leader at all its followers are ready; an
         election ends that within the longest session timeout (plus the monitor's 1 s
         sampling and the new leader's first look)."""
-        return STUCK_AFTER + max([SESSION_TIMEOUT, *self.session_timeouts.values()]) + 5.0
+        return STUCK_AFTER + self.longest_session + 5.0
+
+    @property
+    def longest_session(self) -> float:
+        return max([SESSION_TIMEOUT, *self.session_timeouts.values()])
+
+    @property
+    def recovery_bound(self) -> float:
+        """After a fault ends, every shard progresses within this (the issue's bound: the
+        session timeout + 10 s), unless the next fault comes first."""
+        return self.longest_session + 10.0
 
 
 LIE_PERSIST = 3  # probes in a row that make a ready-while-stuck a failure (see the monitor)
 SHORT = Variant("short", 8, (3.0, 6.0), 120.0, 40_000, 2_000, 3.0, 150.0, 6, False, 4)
 LONG = Variant(
-    "long", 55, (2.0, 6.0), 1200.0, 400_000, 6_000, 10.0, 300.0, 50, True, 25, LONG_SESSION
+    "long", 55, (2.0, 6.0), 1200.0, 400_000, 6_000, 10.0, 300.0, 50, True, 25, LONG_SESSION, True
 )
 
 
@@ -286,6 +299,7 @@ def test_chaos_every_record_exactly_once(
         database=DATABASE,
         session_timeout=SESSION_TIMEOUT,
         session_timeouts=variant.session_timeouts,
+        spark_on_followers=variant.warm_standby,
         rows_per_task=ROWS_PER_TASK,
         server={"stuck_after": STUCK_AFTER},
         zookeeper={"request_timeout": REQUEST_TIMEOUT},
@@ -391,6 +405,8 @@ def test_chaos_every_record_exactly_once(
         timings = election_timings(logs)
         bound = consuming_bound(node.config_path for node in cluster.nodes.values())
         bounds = (STUCK_AFTER, variant.shard_bound)
+        found = recoveries(driver.faults, driver.began, liveness, [a.at for a in driver.reshards])
+        late = [r for r in found if r.slow(variant.recovery_bound)]
         flushes = flush_report(
             logs,
             configured_rows_per_task({n: node.config_path for n, node in cluster.nodes.items()}),
@@ -411,7 +427,11 @@ def test_chaos_every_record_exactly_once(
             f"{tag} {checkpoint_summary(timings)}\n"
             f"{tag} {flushes.summary()}\n"
             f"{tag} "
-            f"{liveness_summary(driver.faults, driver.began, liveness, bounds)}"
+            f"{liveness_summary(found, liveness, bounds)}\n"
+            f"{tag} recoveries slower than {variant.recovery_bound:g} s with the shards left "
+            f"alone that long: {len(late)} of {len(found)} "
+            f"({sum(r.alone is not None and r.alone < variant.recovery_bound for r in found)} "
+            "followed sooner by the next fault)"
             "\n"
             f"{tag} chaos phase {chaos_done - began:.0f} s, total {time.monotonic() - began:.0f} s",
             flush=True,
@@ -441,6 +461,8 @@ def test_chaos_every_record_exactly_once(
         for cut in driver.partitions:
             assert cut.taken_over, f"{tag} nobody took over from partitioned {cut}"
             assert not cut.commits_while_cut, f"{tag} partitioned leader committed: {cut}"
+        if variant.warm_standby:
+            assert not late, f"{tag} shards slow to progress after a fault: {late}"
         # A lie of 3 probes in a row (3 s) fails the run; shorter ones are printed above.
         lies = liveness.ready_while_stuck(variant.shard_bound, persist=LIE_PERSIST)
         assert not lies, f"{tag} a shard stuck while its nodes said ready: {lies[:5]}"

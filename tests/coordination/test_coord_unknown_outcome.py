@@ -155,3 +155,22 @@ def test_a_suspended_leader_whose_checks_time_out_on_a_live_connection_resumes(
     assert not any(isinstance(e, LostLeadership) for e in events)
     assert leadership.epoch == 1
     leadership.fenced().commit_checkpoint("p", {"t": {0: 7}})
+
+
+@pytest.mark.integration
+def test_registration_waits_out_a_server_that_answers_late(
+    coordinators: Any, proxy: ZkProxy, reader: KazooClient
+) -> None:
+    # A daemon starting while ZooKeeper stalls (a frozen server; in the chaos run, while a
+    # killed daemon's session still held its node id): every request of the new connection
+    # times out for 4 s while the connection stays up. Start-up died of it: exit 1 with
+    # "ZooKeeper create /nodes/n1: no answer within 1 s".
+    n1 = coordinators(
+        "n1", hosts=proxy.hosts, session_timeout_s=10.0, request_timeout_s=1.0, register=False
+    )
+    proxy.stall_next_connection(4.0)
+    proxy.cut()
+    n1.register()
+    reader.sync(paths.node("n1"))
+    stat = reader.exists(paths.node("n1"))
+    assert stat is not None and stat.ephemeralOwner == session_of(n1)
