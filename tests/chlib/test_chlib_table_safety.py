@@ -1,7 +1,7 @@
 """ClickHouse's deduplication prerequisites on the table side: the DDL's window, and the
 engine and window of an existing table (`ensure_table` refuses what would not deduplicate a
 re-flush, with the fix). Decisions are unit-tested; the rest runs on the ClickHouse front.
-The settings pinned on every insert: tests/spark_bridge/test_spark_bridge_insert_dedup.py."""
+The settings pinned on every insert: tests/spark_bridge/test_spark_bridge_insert.py."""
 
 from __future__ import annotations
 

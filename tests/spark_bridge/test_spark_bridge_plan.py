@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 import pytest
 
-from spark_bridge.plan import PlanError, Span, cut, offsets_digest, plan_tasks, sorted_rows
+from spark_bridge.plan import (
+    PlanError,
+    Span,
+    cut,
+    offsets_digest,
+    plan_tasks,
+    sorted_rows,
+    task_slices,
+)
 
 
 def rows(pairs: list[tuple[int, int]]) -> pa.Table:
@@ -130,3 +140,34 @@ def test_overlapping_or_short_runs_are_sorted_row_by_row() -> None:
         sorted_rows(short, "block 2").to_pydict()
         == rows(sorted((o % 3, o // 3) for o in range(30))).to_pydict()
     )
+
+
+def test_task_slices_are_a_pure_contiguous_cover() -> None:
+    assert task_slices(0, 10) == []
+    assert task_slices(10, 10) == [(0, 10)]
+    assert task_slices(11, 10) == [(0, 6), (6, 5)]
+    slices = task_slices(1_000_001, 250_000)
+    assert len(slices) == 5
+    assert slices[0][0] == 0 and sum(n for _, n in slices) == 1_000_001
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(slices))
+    assert task_slices(1_000_001, 250_000) == slices, "same input, same tasks (same tokens)"
+
+
+def test_sorted_rows_orders_by_partition_then_offset_in_both_paths() -> None:
+    # Consumed order (offsets rising per partition) and a shuffled order (they do not).
+    consumed = pa.table(
+        {"_partition": [1, 0, 1, 0, 2], "_offset": [5, 7, 6, 8, 1], "v": list("abcde")}
+    )
+    shuffled = consumed.take([3, 2, 4, 1, 0])
+    for table in (consumed, shuffled):
+        result = sorted_rows(table, "block b")
+        assert list(
+            zip(result["_partition"].to_pylist(), result["_offset"].to_pylist(), strict=True)
+        ) == [
+            (0, 7),
+            (0, 8),
+            (1, 5),
+            (1, 6),
+            (2, 1),
+        ]
+        assert result["v"].to_pylist() == ["b", "d", "a", "c", "e"]

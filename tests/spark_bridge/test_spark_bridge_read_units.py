@@ -1,15 +1,23 @@
-"""Pure logic of shard-aware reads: options, failover, the checkpoint split."""
+"""Pure logic of shard-aware reads: options and hosts, filter push-down, failover, the
+checkpoint split."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
 
 from chlib.cluster import committed_condition
 from spark_bridge.datasource import SOURCE_NAME
 from spark_bridge.reader import above_checkpoint
-from spark_bridge.source_options import ClickHouseOptions, parse_shards
-from spark_bridge.source_reader import ShardReadError, ShardSlice, read_replicas
+from spark_bridge.source_options import ClickHouseOptions, parse_hosts, parse_shards
+from spark_bridge.source_reader import (
+    ShardReadError,
+    ShardSlice,
+    filter_sql,
+    read_replicas,
+    sql_literal,
+)
 
 
 def test_the_source_has_a_name_of_its_own() -> None:
@@ -80,3 +88,22 @@ def test_the_checkpoint_splits_rows_between_clickhouse_and_the_buffer() -> None:
         (5, 0),
     ], "a partition without a checkpoint: all its buffered rows"
     assert above_checkpoint(rows, {}).num_rows == 5
+
+
+def test_hosts_option_names_the_bad_entry() -> None:
+    assert parse_hosts("h1:8123, [::1]:9000") == (("h1", 8123), ("::1", 9000))
+    with pytest.raises(ValueError, match="expected host:port, got 'h2'"):
+        parse_hosts("h1:8123,h2")
+    with pytest.raises(ValueError, match="'hosts' is required"):
+        parse_hosts(" , ")
+
+
+def test_filters_become_where_clauses_or_stay_in_spark() -> None:
+    assert filter_sql(EqualTo(("kind",), "o'clock")) == "`kind` = 'o\\'clock'"
+    assert filter_sql(GreaterThan(("id",), 5)) == "`id` > 5"
+    assert filter_sql(In(("id",), (1, 2))) == "`id` IN (1, 2)"
+    assert filter_sql(IsNull(("amount",))) == "`amount` IS NULL"
+    assert filter_sql(Not(EqualTo(("id",), 1))) == "NOT (`id` = 1)"
+    assert filter_sql(StringStartsWith(("kind",), "cl")) is not None
+    assert filter_sql(EqualTo(("a", "b"), 1)) is None, "nested fields are not pushed down"
+    assert sql_literal(None) == "NULL" and sql_literal(True) == "true"

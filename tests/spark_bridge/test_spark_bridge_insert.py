@@ -1,6 +1,6 @@
-"""The settings pinned on every insert a write task makes (`insert_task`): deduplicated and
-synchronous whatever the user's profile says, one token per task, so a retried task's rows
-are dropped. The table side of deduplication: tests/chlib/test_chlib_table_safety.py."""
+"""What an insert of a write task sends: its body, one Arrow file, and the settings pinned on
+it (`insert_task`): deduplicated and synchronous whatever the user's profile says, one token
+per task, so a retried task's rows are dropped. The table side of deduplication: tests/chlib/test_chlib_table_safety.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from chlib.connection import Connection
 from chlib.tables import ensure_table
 from devstack.clickhouse import ClickHouseService
-from spark_bridge.datasource import insert_settings, insert_task
+from spark_bridge.datasource import arrow_file, insert_settings, insert_task
 from spark_bridge.source_options import ClickHouseOptions
 from tests.helpers.spark_blocks import spec
 
@@ -140,3 +140,20 @@ def test_a_retry_of_the_same_rows_in_other_batches_is_still_dropped(
     insert_task(options, 0, rows.to_batches())
     insert_task(options, 0, [b for i in range(0, 100, 10) for b in rows.slice(i, 10).to_batches()])
     assert row_count(ch_client) == 100
+
+
+@pytest.mark.parametrize(
+    ("compression", "compressed"), [(None, False), ("lz4", True), ("zstd", True), ("gzip", False)]
+)
+def test_an_insert_body_is_the_table_as_one_arrow_file(
+    compression: str | None, compressed: bool
+) -> None:
+    table = pa.table({"id": list(range(1000)), "note": ["x" * 50] * 1000})
+
+    body = arrow_file(table, compression)
+
+    reader = pa.ipc.open_file(body)
+    assert reader.num_record_batches == 1  # one chunk, as deduplication needs
+    assert reader.read_all().equals(table)
+    # Arrow compresses its buffers with lz4 and zstd; gzip is HTTP-level, not Arrow's.
+    assert (body.size < arrow_file(table, None).size) is compressed
