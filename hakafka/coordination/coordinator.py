@@ -226,7 +226,9 @@ class Coordinator:
             attempt += 1
             try:
                 self._call(self._session.check_root_acl)
-                self._call(self._register, config.session_timeout_s + 5 * config.request_timeout_s)
+                # The wait for a previous session restarts at a reconnection (Registry.register).
+                expiry_s = config.session_timeout_s + config.request_timeout_s
+                self._call(self._register, 2 * expiry_s + 5 * config.request_timeout_s)
                 return
             except (ZooKeeperUnavailableError, TimeoutError) as exc:
                 now = time.monotonic()

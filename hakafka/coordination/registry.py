@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 import structlog
+from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError
 from kazoo.protocol.states import ZnodeStat
 
@@ -32,42 +33,55 @@ class Registry:
         same session is a no-op.
 
         A znode of another session is waited for, up to the session timeout plus the request
-        timeout: the session of a process restarted before ZooKeeper expired it ends within
-        that. One still there is a live daemon with the same node id, and NodeIdTakenError
-        says which (pid, host, start); it is never taken over.
+        timeout since this session last (re)connected: the session of a process restarted
+        before ZooKeeper expired it ends within that. The wait starts again at every
+        reconnection, because the ensemble electing a new leader (which drops every client's
+        connection) gives every session a fresh timeout, the dead one's too. One still there
+        is a live daemon with the same node id, and NodeIdTakenError says which (pid, host,
+        start); it is never taken over.
         """
         path = paths.node(node_id)
         config = self._session.config
         expiry_s = config.session_timeout_s + config.request_timeout_s
-        deadline = time.monotonic() + expiry_s
-        self._session.ensure(paths.NODES)
-        waited = False
         changed = threading.Event()
-        while True:
-            try:
-                self._session.create(path, endpoints.encode(), ephemeral=True)
-                log.info("registry.registered", node=node_id)
-                return
-            except NodeExistsError:
-                pass
-            changed.clear()  # an earlier watch firing late only costs one more look
-            found = self._session.exists(path, lambda _event: changed.set())
-            if found is None:
-                continue
-            if found.ephemeralOwner == self._session.session_id:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise NodeIdTakenError(self._held(node_id, found, expiry_s))
-            if not waited:
-                waited = True
-                log.info(
-                    "registry.waiting_for_previous_session",
-                    node=node_id,
-                    owner=f"0x{found.ephemeralOwner:x}",
-                    wait_s=round(left, 1),
-                )
-            changed.wait(left)
+        connected_at = [time.monotonic()]
+
+        def on_state(state: KazooState) -> None:
+            if state == KazooState.CONNECTED:
+                connected_at[0] = time.monotonic()
+                changed.set()
+
+        self._session.add_listener(on_state)
+        try:
+            self._session.ensure(paths.NODES)
+            waited = False
+            while True:
+                try:
+                    self._session.create(path, endpoints.encode(), ephemeral=True)
+                    log.info("registry.registered", node=node_id)
+                    return
+                except NodeExistsError:
+                    pass
+                changed.clear()  # an earlier watch firing late only costs one more look
+                found = self._session.exists(path, lambda _event: changed.set())
+                if found is None:
+                    continue
+                if found.ephemeralOwner == self._session.session_id:
+                    return
+                left = connected_at[0] + expiry_s - time.monotonic()
+                if left <= 0:
+                    raise NodeIdTakenError(self._held(node_id, found, expiry_s))
+                if not waited:
+                    waited = True
+                    log.info(
+                        "registry.waiting_for_previous_session",
+                        node=node_id,
+                        owner=f"0x{found.ephemeralOwner:x}",
+                        wait_s=round(left, 1),
+                    )
+                changed.wait(left)
+        finally:
+            self._session.remove_listener(on_state)
 
     def _held(self, node_id: str, found: ZnodeStat, waited_s: float) -> str:
         """Why `nodes/<node_id>` (of another session, `found`) is refused, and what to do."""

@@ -175,6 +175,10 @@ class ZkSession:
         """Call `listener(state)` on every connection state change (on kazoo's thread)."""
         self.client.add_listener(listener)
 
+    def remove_listener(self, listener: Callable[[KazooState], None]) -> None:
+        """Stop calling a listener `add_listener` added."""
+        self.client.remove_listener(listener)
+
     @property
     def connected(self) -> bool:
         return bool(self.client.connected)

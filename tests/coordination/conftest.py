@@ -546,12 +546,13 @@ def coordinators(
 
 @pytest.fixture
 def candidates(zookeeper_ensemble: ZooKeeperEnsemble, zk_root: str) -> Iterator[Callable[..., Any]]:
-    """start(node, shard=0): a started coord_candidate.py process (CandidateProcess)."""
+    """start(node, shard=0, session_timeout=SESSION_TIMEOUT_S): a started coord_candidate.py
+    process (CandidateProcess)."""
     started: list[Any] = []
     process_class = _candidate_module().CandidateProcess
 
-    def start(node: str, shard: int = 0) -> Any:
-        proc = process_class(zookeeper_ensemble.hosts, zk_root, node, shard, SESSION_TIMEOUT_S)
+    def start(node: str, shard: int = 0, session_timeout: float = SESSION_TIMEOUT_S) -> Any:
+        proc = process_class(zookeeper_ensemble.hosts, zk_root, node, shard, session_timeout)
         started.append(proc)
         proc.wait_event("ready", 20)
         return proc

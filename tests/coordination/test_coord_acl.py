@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from devstack.process import wait_until
+from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.coordination import paths
 from hakafka.coordination.errors import NodeIdTakenError, OpenAclError
 
@@ -126,3 +128,36 @@ def test_a_restart_before_the_old_session_expired_registers_once_it_ends(
     after = watcher.session.exists(paths.node("n1"))
     assert after is not None
     assert after.ephemeralOwner == restarted.session.session_id != before.ephemeralOwner
+
+
+@pytest.mark.integration
+def test_a_restart_waits_for_the_old_session_across_a_zookeeper_leader_change(
+    coordinators: Any, candidates: Any, zookeeper_ensemble: ZooKeeperEnsemble
+) -> None:
+    # A new quorum leader gives every session a fresh timeout, the crashed daemon's too (and
+    # drops every client's connection): a wait counted from before refused the restart with
+    # NodeIdTakenError although the old session then expired (found by the chaos run).
+    crashed = candidates("n1", session_timeout=8.0)
+    crashed.signal(signal.SIGKILL)
+    restarted = coordinators("n1", register=False, session_timeout_s=8.0)
+    outcome: list[BaseException | None] = []
+
+    def register() -> None:
+        try:
+            restarted.register()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=register, name="test-register")
+    thread.start()
+    time.sleep(4.0)  # the restart waits for the old session
+    leader = zookeeper_ensemble.leader_id()
+    assert leader is not None
+    zookeeper_ensemble.stop_member(leader, sig=signal.SIGKILL)
+    time.sleep(1.0)
+    zookeeper_ensemble.start_member(leader)
+    thread.join(60)
+    assert outcome == [None]
+    node = restarted.session.exists(paths.node("n1"))
+    assert node is not None and node.ephemeralOwner == restarted.session.session_id
