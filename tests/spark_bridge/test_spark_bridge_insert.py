@@ -1,6 +1,7 @@
 """What an insert of a write task sends: its body, one Arrow file, and the settings pinned on
 it (`insert_task`): deduplicated and synchronous whatever the user's profile says, one token
-per task, so a retried task's rows are dropped. The table side of deduplication: tests/chlib/test_chlib_table_safety.py."""
+per task, so a retried task's rows are dropped. The table side of deduplication:
+tests/chlib/test_chlib_table_safety.py."""
 
 from __future__ import annotations
 
