@@ -58,6 +58,7 @@ HANDOFF_BIND_CONF = "spark.hakafka.handoff.bind"
 # while it is set every new session (a classic one too, in this process or its children) is
 # a Connect one. `SparkRuntime` puts it back as it found it when its session is gone.
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+DRIVER_EXIT_S = 30.0  # how long `stop` waits for a driver JVM it started to end
 
 # Runtime SQL settings the bridge relies on; `prepare_session` sets them on any session.
 SESSION_SQL_CONF: Mapping[str, str] = {
@@ -175,6 +176,7 @@ class SparkRuntime:
         self.settings = settings or SparkSettings()
         self._output = output
         self._session: SparkSession | None = None
+        self._driver: subprocess.Popen[bytes] | None = None  # a driver JVM this runtime started
         self._lock = threading.Lock()
         self._connect_mode_before = os.environ.get(CONNECT_MODE_ENV)
 
@@ -260,15 +262,20 @@ class SparkRuntime:
                 redact(f"the Spark driver JVM did not start ({exc}); its last output: {last}")
             ) from None
         SparkContext(conf=conf, gateway=gateway)
+        self._driver = gateway.proc
 
     def stop(self) -> None:
-        """Stop the session (no-op if not started); after a Spark Connect session the process
-        is out of Connect mode again."""
+        """Stop the session (no-op if not started); a driver JVM this runtime started ends
+        with it (waited for); after a Spark Connect session the process is out of Connect
+        mode again."""
         with self._lock:
             if self._session is None:
                 return
             self._session.stop()
             self._session = None
+            if self._driver is not None:
+                _end_driver(self._driver)
+                self._driver = None
             if self.settings.remote:
                 _set_env(CONNECT_MODE_ENV, self._connect_mode_before)
             log.info("spark.stopped")
@@ -278,6 +285,25 @@ class SparkRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _end_driver(driver: subprocess.Popen[bytes]) -> None:
+    """End a driver JVM started by `_start_driver` and wait for it (SIGKILL past
+    `DRIVER_EXIT_S`), so that nothing of it outlives `stop`; the next session starts a new
+    one. PySpark's JVM exits when its stdin closes (it does so when this process ends too,
+    but a moment later, after whoever waited for this process went on)."""
+    from pyspark import SparkContext
+
+    if driver.stdin is not None:
+        with contextlib.suppress(OSError):
+            driver.stdin.close()
+    try:
+        driver.wait(timeout=DRIVER_EXIT_S)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        driver.wait(timeout=5.0)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _launch_gateway(conf: SparkConf, out: int) -> Any:

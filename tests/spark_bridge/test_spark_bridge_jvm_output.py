@@ -21,6 +21,7 @@ from spark_bridge.jvm_output import (
     log_line,
 )
 from spark_bridge.runtime import SparkRuntime, SparkSettings, SparkStartError
+from tests.fresh import fresh_python
 
 DEBUG, WARN = "debug", "warning"
 
@@ -140,3 +141,26 @@ def test_a_driver_that_does_not_start_is_an_error_with_its_last_output(
     assert capfd.readouterr() == ("", "")
     assert SparkContext._gateway is None
     assert "spark-output" not in [t.name for t in threading.enumerate()], "ended with the JVM"
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_stop_ends_the_driver_jvm_it_started() -> None:
+    # A fresh interpreter: this one may run a driver JVM already (PySpark keeps one per
+    # process). The demo's test found the JVM alive after its process had returned.
+    code = (
+        "import os\n"
+        "from pyspark import SparkContext\n"
+        "from spark_bridge.runtime import SparkRuntime, SparkSettings\n"
+        "runtime = SparkRuntime(SparkSettings(app_name='stop-test', driver_memory='600m'),"
+        " output=lambda line: None)\n"
+        "runtime.start()\n"
+        "pid = SparkContext._gateway.proc.pid\n"
+        "runtime.stop()\n"
+        "print('RESULT', pid, os.path.exists(f'/proc/{pid}'), SparkContext._gateway is None)\n"
+    )
+    printed = fresh_python(code, timeout=180.0)
+    (line,) = [x for x in printed.splitlines() if x.startswith("RESULT ")]
+    pid, alive, forgotten = line.split()[1:]
+    assert int(pid) > 0
+    assert (alive, forgotten) == ("False", "True")
