@@ -38,7 +38,8 @@ class LivenessMonitor:
     ) -> None:
         self._cluster, self._shards, self._interval = cluster, shards, interval
         self.samples: list[LivenessSample] = []
-        self._checkpoints: dict[int, int] = {}
+        # shard -> (pipeline, partition) -> the highest checkpoint seen there
+        self._checkpoints: dict[int, dict[tuple[str, str], int]] = {}
         self._progress: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-liveness", daemon=True)
@@ -68,33 +69,48 @@ class LivenessMonitor:
                 ready[name] = node.get("/ready", timeout=3.0)[0] == 200
             except Exception:
                 ready[name] = False  # frozen or not answering: not ready
+        serving = {n: node.configured_shards() for n, node in self._cluster.nodes.items()}
+        self.observe(now, views, ready, serving)
+
+    def observe(
+        self,
+        now: float,
+        views: dict[str, dict[str, Any]],
+        ready: dict[str, bool],
+        serving: dict[str, list[int]],
+    ) -> None:
+        """Record one sample per shard from the live nodes' `/status` (`views`), their
+        `/ready` (`ready`) and the shards each node is configured for (`serving`). A shard
+        progresses when its leader's checkpoint of some partition it consumed before advanced,
+        or when it has nothing to do (lag 0, empty buffer). Offsets are compared per partition:
+        a reshard moves partitions between shards, and a sum over a shard's partitions drops
+        with a partition that leaves it."""
         for shard in self._shards():
-            checkpoint, idle = None, False
+            seen = self._checkpoints.setdefault(shard, {})
+            advanced, idle = False, False
             for view in views.values():
                 for entry in view.get("shards", []):
                     if entry.get("shard") != shard or entry.get("role") != "leader":
                         continue
                     pipelines = entry.get("pipelines", [])
-                    checkpoint = sum(sum(p["checkpoint"].values()) for p in pipelines)
+                    for p in pipelines:
+                        for partition, offset in p["checkpoint"].items():
+                            key = (str(p.get("name")), str(partition))
+                            advanced |= key in seen and offset > seen[key]
+                            seen[key] = max(offset, seen.get(key, offset))
                     idle = bool(pipelines) and all(
                         not any(p["lag"].values()) and not p["buffer_rows"] for p in pipelines
                     )
             self._progress.setdefault(shard, now)
-            if idle or (checkpoint is not None and checkpoint > self._checkpoints.get(shard, -1)):
+            if idle or advanced:
                 self._progress[shard] = now
-            if checkpoint is not None:
-                self._checkpoints[shard] = max(checkpoint, self._checkpoints.get(shard, -1))
-            serving = [
-                n
-                for n, node in self._cluster.nodes.items()
-                if n in ready and shard in node.configured_shards()
-            ]
+            nodes = [n for n in ready if shard in serving.get(n, [])]
             self.samples.append(
                 LivenessSample(
                     now,
                     shard,
                     now - self._progress[shard],
-                    bool(serving) and all(ready[n] for n in serving),
+                    bool(nodes) and all(ready[n] for n in nodes),
                 )
             )
 

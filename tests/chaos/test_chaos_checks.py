@@ -579,6 +579,27 @@ def test_ready_while_stuck_counts_runs_of_lying_probes() -> None:
     assert monitor.ready_while_stuck(60.0) == []
 
 
+def _leader_view(shard: int, checkpoint: dict[str, int]) -> dict[str, Any]:
+    pipeline = {"name": "events", "checkpoint": checkpoint, "lag": {"0": 5}, "buffer_rows": 5}
+    return {"shards": [{"shard": shard, "role": "leader", "pipelines": [pipeline]}]}
+
+
+def test_a_shard_that_hands_a_partition_over_progresses_on_the_partitions_it_keeps() -> None:
+    monitor = LivenessMonitor(cast(Any, None), lambda: [1])
+    ready, serving = {"n1": True}, {"n1": [1]}
+    # Shard 1 consumes partitions 1 and 3; a reshard moves 3 (at 3000) away and brings 4 (at
+    # 500): the shard's sum of offsets drops by 2500, yet partition 1 advances at every look.
+    looks = [{"1": 1000, "3": 3000}, {"1": 1100, "4": 500}, {"1": 1200, "4": 500}]
+    for t, checkpoint in enumerate(looks):
+        monitor.observe(float(t * 20), {"n1": _leader_view(1, checkpoint)}, ready, serving)
+    monitor.observe(60.0, {"n1": _leader_view(1, looks[-1])}, ready, serving)
+    assert [s.stalled for s in monitor.samples] == [0.0, 0.0, 0.0, 20.0]
+    # A partition the shard has just taken over is no progress by itself.
+    monitor.observe(80.0, {"n1": _leader_view(1, {"1": 1200, "4": 500, "5": 9})}, ready, serving)
+    assert monitor.samples[-1].stalled == 40.0
+    assert monitor.ready_while_stuck(38.0) == [monitor.samples[-1]]
+
+
 def test_a_recovery_is_slow_only_when_the_shards_were_left_alone_that_long() -> None:
     monitor = LivenessMonitor(cast(Any, None), list)
     # One shard sampled each second: stuck from t=10 until it progresses at t=25, then fine.
