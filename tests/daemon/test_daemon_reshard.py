@@ -4,7 +4,6 @@ read by two leaders (the old layout's leader stopped reading before the new one 
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -14,40 +13,15 @@ from kazoo.client import KazooClient
 from devstack.chaos.checks import event_time, log_events
 from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.process import wait_until
-from devstack.records import Produced, create_topic, produce, tally
+from devstack.records import create_topic, tally
 from hakafka.coordination import paths
 from tests.commands import edit, hakafka
 from tests.helpers.landing import assert_exactly_once
+from tests.helpers.load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS = 6
-
-
-class Load:
-    """Produces 600 records every 0.2 s (about 3,000 a second) over the topic's partitions
-    until stopped; `produced` holds the offsets of every record."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.produced = Produced()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(bootstrap, topic), name="test-load", daemon=True
-        )
-
-    def _run(self, bootstrap: str, topic: str) -> None:
-        start = 0
-        while not self._stop.wait(0.2):
-            self.produced |= produce(bootstrap, topic, 600, partitions=PARTITIONS, start=start)
-            start += 600
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=120)
-        assert not self._thread.is_alive(), "the producer did not stop"
 
 
 def checkpoints(stack: StackEndpoints, zk_root: str, shards: int) -> dict[int, dict[int, int]]:
@@ -89,7 +63,7 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
     assert initialized.code == 0, initialized.err
     cluster.start()
     assert cluster.wait_leaders([0, 1]) == {0: "n1", 1: "n1"}
-    load = Load(stack.kafka, topic)
+    load = Load(stack.kafka, topic, PARTITIONS)
     load.start()
     try:
         wait_until(
