@@ -64,6 +64,9 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+BALANCE_OFF = {"enabled": False}
+
+
 def render_config(
     *,
     node: str,
@@ -85,10 +88,12 @@ def render_config(
     spark: Mapping[str, Any] | None = None,
     zookeeper: Mapping[str, Any] | None = None,
     zookeeper_hosts: str | None = None,
+    balance: Mapping[str, Any] | None = None,
 ) -> str:
-    """The TOML text of one node's config; `server`, `spark` and `zookeeper` add keys to (or
-    replace them in) its `[server]`, `[spark]` and `[zookeeper]` tables; `zookeeper_hosts`
-    replaces the stack's connect string (a node behind its own proxy)."""
+    """The TOML text of one node's config; `server`, `spark`, `zookeeper` and `balance` add
+    keys to (or replace them in) its `[server]`, `[spark]`, `[zookeeper]` and `[balance]`
+    tables; `zookeeper_hosts` replaces the stack's connect string (a node behind its own
+    proxy)."""
     lines = [
         f"node = {_toml_value(node)}",
         f"shards = {_toml_value(list(shards))}",
@@ -131,6 +136,8 @@ def render_config(
         f'flight = "{LOOPBACK}:{flight_port}"',
     ]
     lines += [f"{k} = {_toml_value(v)}" for k, v in (server or {}).items()]
+    if balance:
+        lines += ["", "[balance]", *(f"{k} = {_toml_value(v)}" for k, v in balance.items())]
     for p in pipelines:
         lines += [
             "",
@@ -313,10 +320,12 @@ class LocalCluster:
         zookeeper_hosts: Mapping[str, str] | None = None,
         replica_per_node: bool = False,
         session_timeouts: Mapping[str, float] | None = None,
+        balance: Mapping[str, Any] | None = None,
     ) -> None:
         """`zookeeper` adds keys to every node's `[zookeeper]`; `zookeeper_hosts` gives a
         node its own connect string (node -> hosts, e.g. a fault-injecting proxy);
-        `session_timeouts` gives a node its own session timeout (node -> seconds)."""
+        `session_timeouts` gives a node its own session timeout (node -> seconds); `balance`
+        is every node's `[balance]` (default off: a shard's first node up leads it)."""
         self.root = root
         self.stack = stack
         self._replica_per_node = replica_per_node
@@ -339,6 +348,8 @@ class LocalCluster:
             server=server,
             spark=spark,
             zookeeper=zookeeper,
+            # Off unless asked: most tests choose each shard's leader by start order.
+            balance=BALANCE_OFF if balance is None else balance,
         )
         self._rows_per_task = per_node
         self._session_timeouts = {

@@ -142,6 +142,14 @@ def _add_ops_commands(commands: Any) -> None:
     _add_config(failover)
     _add_shard(failover, "the shard to move", required=True)
     failover.add_argument("--to", metavar="NODE", help="the node that should lead it")
+    failover.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep the shard on --to this long: leadership balance leaves it (default 0: "
+        "no hold; the next failover of the shard replaces it)",
+    )
     _add_wait(failover, "give up after")
     _add_json(failover)
     failover.set_defaults(handler=handlers.failover_command)

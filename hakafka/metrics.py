@@ -53,6 +53,7 @@ class Metrics:
     epoch: Gauge
     leader_changes: Counter
     leadership_corrections: Counter
+    balance_moves: Counter
     zookeeper_connected: Gauge
     ready: Gauge
     flush_ready: Gauge
@@ -179,6 +180,12 @@ class Metrics:
                 "Times reading ZooKeeper back corrected what this node believed of its "
                 "leadership (an unknown outcome, a missed watch); action says what",
                 ["shard", "action"],
+                registry=reg,
+            ),
+            balance_moves=Counter(
+                "hakafka_balance_moves",
+                "Shards this node handed to a co-replica because it led more than its share",
+                ["shard"],
                 registry=reg,
             ),
             zookeeper_connected=Gauge(

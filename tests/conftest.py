@@ -213,6 +213,9 @@ def make_cluster(
         *,
         spark_on_followers: bool = False,
         replica_per_node: bool = False,
+        shard_count: int = 2,
+        balance: dict[str, object] | None = None,
+        spark: dict[str, object] | None = None,
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",
@@ -228,7 +231,7 @@ def make_cluster(
             tmp_path / f"cluster{len(made)}",
             stack,
             nodes=nodes,
-            shard_count=2,
+            shard_count=shard_count,
             pipelines=[pipeline],
             zk_root=zk_root,
             database=ch_database,
@@ -237,6 +240,8 @@ def make_cluster(
             server=server,
             spark_on_followers=spark_on_followers,
             replica_per_node=replica_per_node,
+            balance=balance,
+            spark=spark,
         )
         made.append(cluster)
         return cluster

@@ -163,6 +163,20 @@ class NodeServerConfig:
 
 
 @dataclass(frozen=True)
+class BalanceConfig:
+    """`[balance]`: how this node hands shards it leads beyond its share to co-replicas
+    (docs/DESIGN.md, "Leadership balance")."""
+
+    # false: this node keeps every shard it leads (others may still hand shards to it).
+    enabled: bool = True
+    # Seconds between two looks; at most one hand-over per look.
+    interval: float = 10.0
+    # A node up for less than this is given nothing, and a term younger than this is not
+    # moved: a node that flaps cannot churn the cluster.
+    settle: float = 30.0
+
+
+@dataclass(frozen=True)
 class PipelineBufferConfig:
     min_rows: int = 100_000
     max_rows: int = 2_000_000
@@ -253,6 +267,7 @@ class Config:
     spark: SparkConfig
     server: NodeServerConfig
     pipelines: tuple[PipelineConfig, ...]
+    balance: BalanceConfig = BalanceConfig()
     schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
     # The least severe log level written (`hakafka run --log-level` overrides it).
     log_level: LogLevel = LogLevel.INFO

@@ -25,7 +25,7 @@ import structlog
 from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError
 
-from hakafka.coordination import failover, paths
+from hakafka.coordination import balance, failover, paths
 from hakafka.coordination.cluster_settings import SettingsStore
 from hakafka.coordination.election import Leadership
 from hakafka.coordination.errors import NodeIdTakenError, ZooKeeperUnavailableError
@@ -37,6 +37,7 @@ from hakafka.coordination.records import (
     LeaderInfo,
     NodeInfo,
     PendingIntent,
+    PinRecord,
     ReplacingInfo,
     encode_epoch,
 )
@@ -359,6 +360,15 @@ class Coordinator:
         return failover.request_failover(
             self._session, self._registry, shard, to=to, by=by, timeout_s=timeout_s
         )
+
+    def pin_of(self, shard: int) -> PinRecord | None:
+        """`shard`'s ops pin (`failover --hold`), expired or not; None if it has none."""
+        return balance.read_pin(self._session, shard)
+
+    def set_pin(self, shard: int, pin: PinRecord | None) -> None:
+        """Hold `shard` on `pin.node` until `pin.until` (the balancer leaves it), or drop
+        its pin (None)."""
+        balance.write_pin(self._session, shard, pin)
 
     def _call(self, fn: Callable[[], object], timeout_s: float | None = None) -> None:
         """Run `fn` on the worker (so it never races the election logic) and wait for it, by

@@ -76,6 +76,11 @@ def failover(shard_id: int) -> str:
     return f"{shard(shard_id)}/failover"
 
 
+def pin(shard_id: int) -> str:
+    """Where `hakafka failover --hold` keeps a shard on a node: the balancer leaves it."""
+    return f"{shard(shard_id)}/pin"
+
+
 def pipelines(shard_id: int) -> str:
     """The parent of a shard's pipelines."""
     return f"{shard(shard_id)}/pipelines"

@@ -129,6 +129,17 @@ class LeaderInfo(_Record):
 
 
 @dataclass(frozen=True)
+class PinRecord(_Record):
+    """An ops hold on a shard's leadership (`shards/<s>/pin`): the balancer does not move the
+    shard off `node` before `until` (Unix time)."""
+
+    node: str
+    until: float
+    by: str
+    at: float
+
+
+@dataclass(frozen=True)
 class FailoverRequest(_Record):
     """An ops request to move a shard's leadership (`shards/<s>/failover`).
 

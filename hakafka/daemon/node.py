@@ -37,6 +37,7 @@ from buffer.http import HttpQueryServer, Route
 from hakafka import __version__
 from hakafka.config import Config, advertised_host
 from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.daemon.balancer import Balancer
 from hakafka.daemon.flush_path import FlushPath
 from hakafka.daemon.forwarding import Forwarder
 from hakafka.daemon.history import StatusHistory, sample_of
@@ -214,6 +215,13 @@ class Daemon:
             for shard in config.shards
         ]
         self.guard = SettingsGuard(self.coordinator, config, self.runners)
+        moves = self.metrics.balance_moves
+        self.balancer = Balancer(
+            self.coordinator,
+            config,
+            lambda: [r.shard for r in self.runners if r.leading],
+            on_move=lambda move: moves.labels(str(move.shard)).inc(),
+        )
         self.reshard = ReshardFollower(self.coordinator, self.guard, self.runners)
         self.idle_lag = IdleLag(
             lambda: idle_pipelines(self.runners, self.config.pipelines),
@@ -250,6 +258,7 @@ class Daemon:
         self.idle_lag.start()
         self.reshard.poll()
         self.guard.start()
+        self.balancer.start()
         log.info(
             "daemon.started",
             node=self.config.node,
@@ -293,6 +302,7 @@ class Daemon:
         bound = threading.Timer(SHUTDOWN_BOUND_S, self._shutdown_overran)
         bound.daemon = True
         bound.start()
+        self.balancer.stop()
         for runner in self.runners:
             runner.stop(FLUSH_GRACE_S)
         self.idle_lag.stop()

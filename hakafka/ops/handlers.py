@@ -135,6 +135,7 @@ def failover_command(args: argparse.Namespace) -> int:
             wait_s=args.wait,
             by=operator(),
             diagnose=diagnosis(coordinator, config),
+            hold_s=args.hold,
         )
     if args.json:
         _print_json(asdict(handover))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -33,6 +34,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
     for shard in range(config.shard_count):
         leader = coordinator.leader_of(shard)
         pauses = {name: asdict(p) for name, p in coordinator.pauses.paused(shard).items()}
+        pin = coordinator.pin_of(shard)
         shards.append(
             {
                 "shard": shard,
@@ -41,6 +43,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
                 "since": None if leader is None else leader.since,
                 "status": "no leader" if leader is None else leader.status,
                 "paused": sorted(pauses),
+                "held": None if pin is None or pin.until <= time.time() else asdict(pin),
             }
         )
         if leader is not None:
@@ -59,6 +62,7 @@ def cluster_status(coordinator: Coordinator, config: Config) -> dict[str, Any]:
             {
                 "node": name,
                 "alive": info is not None,
+                "leads": sum(1 for s in shards if s["leader"] == name),
                 "host": None if info is None else info.host,
                 "http": None if info is None else info.http,
                 "flight": None if info is None else info.flight,
@@ -221,7 +225,13 @@ def render(status: dict[str, Any]) -> str:
                 s["shard"],
                 s["leader"],
                 s["epoch"],
-                s["status"] + "".join(f", {name} paused" for name in s.get("paused", [])),
+                s["status"]
+                + "".join(f", {name} paused" for name in s.get("paused", []))
+                + (
+                    f", held on {s['held']['node']} until {until(s['held']['until'])}"
+                    if s.get("held")
+                    else ""
+                ),
                 clock(s["since"]),
             ]
             for s in status["shards"]
@@ -271,13 +281,14 @@ def render(status: dict[str, Any]) -> str:
         rows,
     )
     nodes = format_table(
-        ["NODE", "ALIVE", "HEALTHY", "FLUSH PATH", "HTTP", "FLIGHT", "REPLACING"],
+        ["NODE", "ALIVE", "HEALTHY", "LEADS", "FLUSH PATH", "HTTP", "FLIGHT", "REPLACING"],
         [
             [
                 n["node"],
                 _yes_no(n["alive"]),
                 (UNAUTHORIZED if _unauthorized(n["error"]) else n["error"])
                 or _yes_no(n["healthy"]),
+                n.get("leads"),
                 flush_path_text(n.get("flush_path")),
                 n["http"],
                 n["flight"],

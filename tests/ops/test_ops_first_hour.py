@@ -203,7 +203,8 @@ def test_status_names_the_pause_and_a_token_it_lacks(
     (row,) = [line for line in status.out.splitlines() if line.split()[:2] == ["1", "events"]]
     assert f"paused by {who} since " in row and "): backfill" in row
     (node,) = [line for line in status.out.splitlines() if line.startswith("n1 ")]
-    assert node.split()[1:3] == ["yes", "yes"]  # ALIVE, HEALTHY: one vocabulary
+    # ALIVE, HEALTHY (one vocabulary), LEADS
+    assert node.split()[1:4] == ["yes", "yes", "2"]
 
     # A query naming the paused pipeline says so; --partial answers from the other shard.
     query = hakafka("query", "--config", str(config), "SELECT count(*) AS n FROM events")

@@ -1,0 +1,180 @@
+"""Leadership balance: which shard, if any, an over-loaded leader hands to whom.
+
+Every daemon decides for itself, from what ZooKeeper shows (see docs/DESIGN.md, "Leadership
+balance"): a node whose led shards exceed its share of the shards it serves hands one of them
+over, through the ops failover path (a graceful hand-over), to a co-candidate that leads at
+least two fewer. Only the leader moves its own shards, one at a time, so two nodes never move
+one shard; a move lowers the spread, so the fleet settles.
+
+- A node's share is the ceiling of the sum, over the shards it stands for, of one over the
+  number of eligible candidates of that shard: 2 of 4 shards with two replicas each.
+- Eligible: registered, not under replacement, and up for at least `settle_s` (a node that
+  flaps is never handed anything).
+- A shard moves only when its leader's term is older than `settle_s` and no ops pin holds it.
+
+`read_shards` and `read_leads` read that view (the second only when `over_share` says the
+node leads more than its share); `plan_move` is the decision, free of I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hakafka.coordination import paths
+from hakafka.coordination.records import LeaderInfo, NodeInfo, PinRecord
+from hakafka.coordination.session import ZkSession
+
+
+@dataclass(frozen=True)
+class ShardView:
+    """One shard as the balancer sees it: its leader (None: none now), the eligible nodes
+    standing in its election, and the node an ops pin holds it on (None: no live pin)."""
+
+    shard: int
+    leader: LeaderInfo | None
+    candidates: frozenset[str]
+    pinned_to: str | None = None
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What one node's balancer read: the shards it stands for (`mine`) and how many shards
+    each node leads in the whole cluster (`leads`)."""
+
+    mine: tuple[ShardView, ...]
+    leads: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Move:
+    """Hand `shard` from `source` to `target`: `source` leads `source_leads` shards against a
+    share of `share`; `target` leads `target_leads`."""
+
+    shard: int
+    source: str
+    target: str
+    source_leads: int
+    target_leads: int
+    share: int
+
+    def why(self) -> str:
+        return (
+            f"{self.source} leads {self.source_leads} shards (share {self.share}),"
+            f" {self.target} leads {self.target_leads}"
+        )
+
+
+def share(node: str, mine: Iterable[ShardView]) -> int:
+    """`node`'s fair number of led shards among the shards in `mine`: the ceiling of the
+    sum of 1 / eligible candidates over the shards it is an eligible candidate of."""
+    weight = sum(1.0 / len(v.candidates) for v in mine if node in v.candidates)
+    return math.ceil(weight - 1e-9)
+
+
+def plan_move(node: str, view: FleetView, *, now: float, settle_s: float) -> Move | None:
+    """The move `node` should make now, or None: among the shards it leads (terms older than
+    `settle_s`, not pinned), the one it can give to the eligible co-candidate leading the
+    fewest shards, if `node` is over its share and that candidate leads two or more fewer.
+    Ties go to the lowest shard, then the lowest node name (every node decides alike)."""
+    led = [v for v in view.mine if v.leader is not None and v.leader.node == node]
+    fair = share(node, view.mine)
+    count = view.leads.get(node, len(led))
+    if count <= fair:
+        return None
+    best: Move | None = None
+    for v in sorted(led, key=lambda v: v.shard):
+        assert v.leader is not None
+        if v.pinned_to is not None or now - v.leader.since < settle_s:
+            continue
+        for target in sorted(v.candidates - {node}):
+            theirs = view.leads.get(target, 0)
+            if theirs + 2 > count or (best is not None and theirs >= best.target_leads):
+                continue
+            best = Move(v.shard, node, target, count, theirs, fair)
+    return best
+
+
+def eligible_nodes(
+    node: str,
+    nodes: Mapping[str, NodeInfo],
+    replacing: Iterable[str],
+    *,
+    now: float,
+    settle_s: float,
+) -> set[str]:
+    """The registered nodes not under replacement and up for at least `settle_s`, and `node`
+    itself unless it is under replacement (its share counts from its first moment)."""
+    flagged = set(replacing)
+    settled = {n for n, info in nodes.items() if now - info.started >= settle_s}
+    return (settled | {node}) - flagged
+
+
+def read_shards(
+    session: ZkSession,
+    mine: Iterable[int],
+    eligible: set[str],
+    known: dict[str, str],
+    *,
+    now: float,
+) -> tuple[ShardView, ...]:
+    """For each shard in `mine`: its leader, its candidates that are `eligible`, and its live
+    pin. `known` caches candidate znode path -> node across calls (a candidate's name is
+    never reused), so a steady election costs one children read per shard."""
+    views, seen = [], {}
+    for shard in mine:
+        got = session.get(paths.leader(shard))
+        leader = None if got is None else LeaderInfo.decode(paths.leader(shard), got[0])
+        standing = set()
+        for name in session.children(paths.election(shard)):
+            path = paths.candidate(shard, name)
+            if path not in known:
+                found = session.get(path)
+                if found is None:
+                    continue
+                known[path] = found[0].decode("utf-8", errors="replace")
+            seen[path] = known[path]
+            standing.add(known[path])
+        pin = read_pin(session, shard)
+        live_pin = pin.node if pin is not None and pin.until > now else None
+        views.append(ShardView(shard, leader, frozenset(standing & eligible), live_pin))
+    known.clear()  # only the candidates standing now: the cache does not grow with elections
+    known.update(seen)
+    return tuple(views)
+
+
+def read_leads(session: ZkSession, shard_count: int) -> dict[str, int]:
+    """How many of the cluster's shards each node leads (one read per shard)."""
+    leads: dict[str, int] = {}
+    for shard in range(shard_count):
+        got = session.get(paths.leader(shard))
+        if got is not None:
+            node = LeaderInfo.decode(paths.leader(shard), got[0]).node
+            leads[node] = leads.get(node, 0) + 1
+    return leads
+
+
+def over_share(node: str, mine: Iterable[ShardView]) -> bool:
+    """True if `node` leads more of `mine` than its share: only then is the whole cluster's
+    leadership read (`read_leads`)."""
+    views = list(mine)
+    led = sum(1 for v in views if v.leader is not None and v.leader.node == node)
+    return led > share(node, views)
+
+
+def read_pin(session: ZkSession, shard: int) -> PinRecord | None:
+    """The ops pin of `shard` (`hakafka failover --hold`), expired or not; None if none."""
+    got = session.get(paths.pin(shard))
+    return None if got is None else PinRecord.decode(paths.pin(shard), got[0])
+
+
+def write_pin(session: ZkSession, shard: int, pin: PinRecord | None) -> None:
+    """Set `shard`'s pin to `pin`, or remove it (None)."""
+    path = paths.pin(shard)
+    if pin is None:
+        session.delete(path)
+    elif session.exists(path) is None:
+        session.create(path, pin.encode())
+    else:
+        session.set(path, pin.encode())
