@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from devstack.cluster import LocalCluster, StackEndpoints
-from devstack.records import create_topic, tally
+from devstack.records import Load, create_topic, tally
 from tests.commands import hakafka
 from tests.helpers.landing import assert_exactly_once
-from tests.helpers.load import Load
 from tests.helpers.logs import events
 from tests.helpers.metrics import metric
 from tests.helpers.waiting import wait_for

@@ -13,11 +13,10 @@ from kazoo.client import KazooClient
 from devstack.chaos.checks import event_time, log_events
 from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.process import wait_until
-from devstack.records import create_topic, tally
+from devstack.records import Load, create_topic, tally
 from hakafka.coordination import paths
 from tests.commands import edit, hakafka
 from tests.helpers.landing import assert_exactly_once
-from tests.helpers.load import Load
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
