@@ -315,6 +315,8 @@ class Leadership:
             if self._deadline_armed != request.deadline:
                 self._deadline_armed = request.deadline
                 self._retry_later(request.deadline - now + 0.05)
+        if target is not None and target != self.node_id and not self._stands(target):
+            target = None  # it died or left the shard: nobody steps aside for it any more
         if self.state is LeadershipState.LEADER:
             if self.node_id in replacing:
                 self._resign("node is under replacement")
@@ -352,7 +354,8 @@ class Leadership:
             self._correct(Correction.DELETED_LEADER, why=why)
 
     def _winner(self, replacing: set[str], target: str | None) -> str | None:
-        """The lowest eligible candidate's name (sets a watch on the candidates)."""
+        """The lowest eligible candidate's name (sets a watch on the candidates): not under
+        replacement, and the failover `target` while one stands."""
         election = paths.election(self.shard)
         names = sorted(self._session.children(election, self.trigger), key=paths.candidate_sequence)
         if self._candidate not in names:
@@ -361,7 +364,7 @@ class Leadership:
             self._retry_later(0.0)
             return None
         self._candidate_nodes = {n: v for n, v in self._candidate_nodes.items() if n in names}
-        winner = None
+        standing: list[tuple[str, str]] = []  # (candidate, node) of the eligible, lowest first
         for name in names:
             known = self._candidate_nodes.get(name)
             if known is None:
@@ -376,9 +379,24 @@ class Leadership:
                 self._session.delete(paths.candidate(self.shard, name))
                 self._correct(Correction.DELETED_CANDIDATE, candidate=name)
                 continue
-            if winner is None and node not in replacing and target in (None, node):
-                winner = name
-        return winner
+            if node not in replacing:
+                standing.append((name, node))
+        return next((name for name, node in standing if target in (None, node)), None)
+
+    def _stands(self, node: str) -> bool:
+        """Whether `node` has a candidate in this shard's election (watched: a candidate that
+        goes away evaluates again)."""
+        for name in self._session.children(paths.election(self.shard), self.trigger):
+            known = self._candidate_nodes.get(name)
+            if known is None:
+                got = self._session.get(paths.candidate(self.shard, name))
+                if got is None:
+                    continue
+                known = got[0].decode("utf-8", errors="replace"), got[1].ephemeralOwner
+                self._candidate_nodes[name] = known
+            if known[0] == node:
+                return True
+        return False
 
     def _try_lead(self, request: FailoverRequest | None, request_stat: ZnodeStat | None) -> None:
         leader_path = paths.leader(self.shard)

@@ -238,6 +238,33 @@ def test_failover_refusals_name_the_node_and_why(
 
 
 @pytest.mark.integration
+def test_a_failover_target_that_goes_away_is_not_waited_for(
+    leadership_log: Any, coordinators: Any, one_leader: Any
+) -> None:
+    log = leadership_log
+    # The leader ignores the request at first, so the target can die before the hand-over.
+    made, joined = stand(
+        coordinators, ["n1", "n2", "n3"], log, one_leader, resign_on_failover=False
+    )
+    ops = made["n1"]
+    ops.request_failover(0, to="n3", timeout_s=60.0)
+    wait_until(
+        lambda: len(ops.session.children(paths.election(0))) == 2,
+        timeout=3.0,
+        what="n2 stepping aside for n3",
+    )
+    made["n3"].close()  # the target dies: its candidate goes with its session
+    began = time.monotonic()
+    joined["n1"].resign("failover requested")
+    # Not the request's 60 s: n2 (or n1, standing again) leads at once.
+    new = wait_new_leader(joined, "n3", 10.0)
+    assert new in ("n1", "n2")
+    assert time.monotonic() - began < 10.0
+    one_leader.assert_never_two()
+    log.assert_one_leader()
+
+
+@pytest.mark.integration
 def test_failover_target_that_does_not_take_over_times_out(
     leadership_log: Any, coordinators: Any, one_leader: Any, zk_root: str
 ) -> None:
