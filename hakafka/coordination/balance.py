@@ -8,9 +8,11 @@ one shard; a move lowers the spread, so the fleet settles.
 
 - A node's share is the ceiling of the sum, over the shards it stands for, of one over the
   number of eligible candidates of that shard: 2 of 4 shards with two replicas each.
-- Eligible: registered, not under replacement, and up for at least `settle_s` (a node that
-  flaps is never handed anything).
-- A shard moves only when its leader's term is older than `settle_s` and no ops pin holds it.
+- Eligible: registered (this session) for at least `settle_s` and not under replacement (a
+  node that flaps, or whose session does, is never handed anything).
+- A shard moves only when its leader's term is older than `settle_s` and no ops pin holds it
+  on its leader; the request is fenced by the leader's token (a term that ended meanwhile
+  moves nothing).
 
 `read_shards` and `read_leads` read that view (the second only when `over_share` says the
 node leads more than its share); `plan_move` is the decision, free of I/O.
@@ -19,11 +21,12 @@ node leads more than its share); `plan_move` is the decision, free of I/O.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hakafka.coordination import paths
-from hakafka.coordination.records import LeaderInfo, NodeInfo, PinRecord
+from hakafka.coordination.records import LeaderInfo, PinRecord
 from hakafka.coordination.session import ZkSession
 
 
@@ -75,9 +78,10 @@ def share(node: str, mine: Iterable[ShardView]) -> int:
 
 def plan_move(node: str, view: FleetView, *, now: float, settle_s: float) -> Move | None:
     """The move `node` should make now, or None: among the shards it leads (terms older than
-    `settle_s`, not pinned), the one it can give to the eligible co-candidate leading the
-    fewest shards, if `node` is over its share and that candidate leads two or more fewer.
-    Ties go to the lowest shard, then the lowest node name (every node decides alike)."""
+    `settle_s`, not pinned to it), the one it can give to the eligible co-candidate leading
+    the fewest shards, if `node` is over its share and that candidate leads two or more
+    fewer. Ties go to the lowest shard, then to a target in an order that differs between
+    movers (two movers looking at once rarely pick the same one)."""
     led = [v for v in view.mine if v.leader is not None and v.leader.node == node]
     fair = share(node, view.mine)
     count = view.leads.get(node, len(led))
@@ -86,9 +90,10 @@ def plan_move(node: str, view: FleetView, *, now: float, settle_s: float) -> Mov
     best: Move | None = None
     for v in sorted(led, key=lambda v: v.shard):
         assert v.leader is not None
-        if v.pinned_to is not None or now - v.leader.since < settle_s:
+        if v.pinned_to == node or now - v.leader.since < settle_s:
             continue
-        for target in sorted(v.candidates - {node}):
+        # Movers that look at once spread over the targets leading fewest alike.
+        for target in sorted(v.candidates - {node}, key=lambda t: _spread(node, v.shard, t)):
             theirs = view.leads.get(target, 0)
             if theirs + 2 > count or (best is not None and theirs >= best.target_leads):
                 continue
@@ -96,18 +101,24 @@ def plan_move(node: str, view: FleetView, *, now: float, settle_s: float) -> Mov
     return best
 
 
+def _spread(node: str, shard: int, target: str) -> int:
+    """An order of the targets that differs between movers and shards but not between runs."""
+    return zlib.crc32(f"{node}/{shard}/{target}".encode())
+
+
 def eligible_nodes(
     node: str,
-    nodes: Mapping[str, NodeInfo],
+    registered: Mapping[str, float],
     replacing: Iterable[str],
     *,
     now: float,
     settle_s: float,
 ) -> set[str]:
-    """The registered nodes not under replacement and up for at least `settle_s`, and `node`
-    itself unless it is under replacement (its share counts from its first moment)."""
+    """The nodes registered (node -> since, Unix time) for at least `settle_s` and not under
+    replacement, and `node` itself unless it is under replacement (its share counts from its
+    first moment). A node whose session expired registers anew: it settles again."""
     flagged = set(replacing)
-    settled = {n for n, info in nodes.items() if now - info.started >= settle_s}
+    settled = {n for n, since in registered.items() if now - since >= settle_s}
     return (settled | {node}) - flagged
 
 

@@ -354,12 +354,19 @@ class Coordinator:
         to: str | None = None,
         by: str = "ops",
         timeout_s: float = DEFAULT_FAILOVER_TIMEOUT_S,
+        token: int | None = None,
     ) -> FailoverRequest:
         """Ask `shard`'s leader to hand over, to node `to` if given (the others step aside
-        until `to` leads or `timeout_s` passes). Raises `FailoverRefused` with the reason."""
+        until `to` leads or `timeout_s` passes); with `token`, only while the term of that
+        fencing token lasts. Raises `FailoverRefused` with the reason."""
         return failover.request_failover(
-            self._session, self._registry, shard, to=to, by=by, timeout_s=timeout_s
+            self._session, self._registry, shard, to=to, by=by, timeout_s=timeout_s, token=token
         )
+
+    def registered_since(self) -> dict[str, float]:
+        """Every registered node and since when (Unix time) its current registration exists:
+        a node whose session expired and came back counts from its return."""
+        return self._registry.registered_since()
 
     def pin_of(self, shard: int) -> PinRecord | None:
         """`shard`'s ops pin (`failover --hold`), expired or not; None if it has none."""

@@ -48,11 +48,14 @@ def request_failover(
     to: str | None,
     by: str,
     timeout_s: float,
+    token: int | None = None,
 ) -> FailoverRequest:
     """Ask `shard`'s leader to hand over (to node `to`, or to whoever is next).
 
     Refused with `FailoverRefused` when `to` is not registered, is under replacement or is
-    not a candidate of the shard, or when another request is pending.
+    not a candidate of the shard, when another request is pending, or, with `token` (a
+    leader asking about its own shard), when the shard's term is no longer the one of that
+    fencing token: the request is created in one multi-op that checks it.
     """
     pending = read_request(session, shard)
     if pending is not None:
@@ -80,6 +83,18 @@ def request_failover(
             )
     now = time.time()
     request = FailoverRequest(by=by, to=to, at=now, deadline=now + timeout_s)
+    if token is not None:
+        txn = session.transaction()
+        txn.check(paths.epoch(shard), token)
+        txn.create(paths.failover(shard), request.encode())
+        errors = [r for r in session.commit(txn, paths.failover(shard)) if isinstance(r, Exception)]
+        if errors:
+            raise FailoverRefused(
+                f"shard {shard}: not made: its term of token {token} is over, or a request "
+                f"was made just now ({', '.join(type(e).__name__ for e in errors)})"
+            )
+        log.info("failover.requested", shard=shard, to=to, by=by, deadline=request.deadline)
+        return request
     try:
         session.create(paths.failover(shard), request.encode())
     except NodeExistsError:

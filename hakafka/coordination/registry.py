@@ -106,6 +106,16 @@ class Registry:
         """Every registered (running) node and its endpoints."""
         return self._read_all(paths.NODES, NodeInfo.decode)
 
+    def registered_since(self) -> dict[str, float]:
+        """Every registered node and the Unix time its `nodes/<node>` znode was created (a
+        new session registers anew)."""
+        found: dict[str, float] = {}
+        for name in self._session.children(paths.NODES):
+            stat = self._session.exists(paths.node(name))
+            if stat is not None:
+                found[name] = stat.ctime / 1000
+        return found
+
     def mark_replacing(self, node_id: str, reason: str, by: str) -> ReplacingInfo:
         """Flag `node_id` as under replacement (replaces an earlier flag's reason)."""
         info = ReplacingInfo(since=time.time(), by=by, reason=reason)

@@ -31,19 +31,21 @@ from hakafka.coordination.balance import (
 log = structlog.get_logger("hakafka.daemon")
 
 JITTER = 0.2  # each wait is the interval times 1 +- this
-HANDOVER_TIMEOUT_S = 30.0  # how long the other candidates step aside for the target
+# How long the other candidates step aside for the target (a hand-over takes 1-2 s; they
+# stop stepping aside at once if the target's candidate goes away).
+HANDOVER_TIMEOUT_S = 10.0
 
 
 class Balancer:
     """Moves one shard per look while this node leads more than its share (see the module
-    docstring). `leading()` names the shards this node leads now; `on_move` is told of each
-    requested move (a metric)."""
+    docstring). `leading()` maps the shards this node leads now to their fencing tokens;
+    `on_move` is told of each requested move (a metric)."""
 
     def __init__(
         self,
         coordinator: Coordinator,
         config: Config,
-        leading: Callable[[], list[int]],
+        leading: Callable[[], dict[int, int]],
         *,
         on_move: Callable[[Move], None] = lambda _move: None,
         rng: random.Random | None = None,
@@ -64,17 +66,18 @@ class Balancer:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.ident is not None:
-            self._thread.join(timeout=self._config.interval * (1 + JITTER) + 5.0)
+            self._thread.join(timeout=5.0)  # a look is a few reads: each bounded
 
     def step(self) -> Move | None:
         """Look once; request and return the move made (None: none was due)."""
-        if not self._leading():
+        tokens = self._leading()
+        if not tokens:
             return None
         session, now = self._coordinator.session, time.time()
         settle = self._config.settle
         eligible = eligible_nodes(
             self._node,
-            self._coordinator.nodes(),
+            self._coordinator.registered_since(),
             self._coordinator.replacing(),
             now=now,
             settle_s=settle,
@@ -84,14 +87,21 @@ class Balancer:
             return None
         view = FleetView(mine, read_leads(session, self._shard_count))
         move = plan_move(self._node, view, now=now, settle_s=settle)
-        if move is None:
+        if move is None or move.shard not in tokens:
             return None
         try:
             self._coordinator.request_failover(
-                move.shard, to=move.target, by=f"balance:{self._node}", timeout_s=HANDOVER_TIMEOUT_S
+                move.shard,
+                to=move.target,
+                by=f"balance:{self._node}",
+                timeout_s=HANDOVER_TIMEOUT_S,
+                token=tokens[move.shard],
             )
-        except FailoverRefused as exc:  # a request is pending, or the target just left
+        except FailoverRefused as exc:  # pending, the target just left, or the term ended
             log.info("balance.move_refused", shard=move.shard, to=move.target, reason=str(exc))
+            return None
+        except ZooKeeperUnavailableError as exc:  # it may have been made: the next look sees
+            log.warning("balance.move_unknown", shard=move.shard, to=move.target, error=str(exc))
             return None
         log.info("balance.move", shard=move.shard, to=move.target, why=move.why())
         self._on_move(move)

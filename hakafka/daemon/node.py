@@ -219,7 +219,7 @@ class Daemon:
         self.balancer = Balancer(
             self.coordinator,
             config,
-            lambda: [r.shard for r in self.runners if r.leading],
+            lambda: {r.shard: t for r in self.runners if (t := r.token) is not None},
             on_move=lambda move: moves.labels(str(move.shard)).inc(),
         )
         self.reshard = ReshardFollower(self.coordinator, self.guard, self.runners)

@@ -223,6 +223,12 @@ class ShardRunner:
         return self.term is not None
 
     @property
+    def token(self) -> int | None:
+        """The fencing token of the term running here; None while none runs."""
+        leadership = self.leadership
+        return None if self.term is None or leadership is None else leadership.token
+
+    @property
     def leading_since(self) -> float | None:
         """Unix time the term's pipelines started; None while no term runs here."""
         term = self.term

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from hakafka.coordination import Coordinator, FailoverRefused, PinRecord
 from hakafka.ops.cluster import Diagnosis, OpsError, until, wait_consuming_leader
 
+MAX_HOLD_S = 30 * 86_400.0
+
 
 @dataclass(frozen=True)
 class Handover:
@@ -37,8 +39,10 @@ def failover(
     dropped. Raises FailoverRefused (with the reason) for an ineligible target, a hold
     without a target or a shard without leader, OpsError on timeout (with `diagnose`'s why
     the new leader does not consume) or if another node took over."""
-    if hold_s < 0:
-        raise FailoverRefused(f"shard {shard}: --hold must be 0 or more seconds, got {hold_s:g}")
+    if not 0 <= hold_s <= MAX_HOLD_S:  # also nan and inf
+        raise FailoverRefused(
+            f"shard {shard}: --hold must be 0 to {MAX_HOLD_S:.0f} seconds (30 days), got {hold_s:g}"
+        )
     if hold_s and to is None:
         raise FailoverRefused(f"shard {shard}: --hold needs --to, the node to keep it on")
     current = coordinator.leader_of(shard)
@@ -51,9 +55,10 @@ def failover(
         coordinator.set_pin(shard, pin)
         return Handover(shard, to, to, current.epoch, 0.0, pin.until)
     began = time.monotonic()
-    # Pinned before the request, so that no balancer moves it on the moment it lands.
-    coordinator.set_pin(shard, pin if hold_s else None)
     coordinator.request_failover(shard, to=to, by=by, timeout_s=wait_s)
+    # Once the request is made (a refused one changes nothing): the new term is younger
+    # than the balancer's `settle`, so nothing moves it before the pin is there.
+    coordinator.set_pin(shard, pin if hold_s else None)
     info = wait_consuming_leader(coordinator, shard, current.node, began + wait_s, diagnose)
     seconds = round(time.monotonic() - began, 3)
     if to is not None and info.node != to:

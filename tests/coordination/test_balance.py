@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hakafka.coordination.balance import FleetView, ShardView, eligible_nodes, plan_move, share
-from hakafka.coordination.records import LeaderInfo, NodeInfo
+from hakafka.coordination.records import LeaderInfo
 
 NOW = 10_000.0
 SETTLE = 30.0
@@ -78,6 +78,9 @@ def test_a_pinned_shard_a_young_term_and_a_lone_candidate_stay() -> None:
     # share(a) = 1/2 + 1/2 + 1 = 2 and a leads 3; shard 0 is pinned, shard 2 has nobody else.
     move = plan_move("a", _view(leaders, both, s0="a"), now=NOW, settle_s=SETTLE)
     assert move is not None and (move.shard, move.target) == (1, "b")
+    # A pin to a node that does not lead the shard (its hand-over failed) holds nothing.
+    move = plan_move("a", _view(leaders, both, s0="b", s1="b"), now=NOW, settle_s=SETTLE)
+    assert move is not None and (move.shard, move.target) == (0, "b")
     young = _view(leaders, both, s0="a")
     young_mine = tuple(
         ShardView(v.shard, LeaderInfo(node="a", epoch=2, since=NOW - 5), v.candidates, v.pinned_to)
@@ -96,10 +99,8 @@ def test_a_target_leading_elsewhere_counts_all_it_leads() -> None:
     assert plan_move("a", FleetView(view.mine, {"a": 2, "b": 0}), now=NOW, settle_s=SETTLE)
 
 
-def test_eligible_nodes_leave_out_the_replaced_and_the_newly_started() -> None:
-    def info(started: float) -> NodeInfo:
-        return NodeInfo(host="h", http="h:1", flight="h:2", pid=1, version="v", started=started)
-
-    nodes = {"a": info(OLD), "b": info(NOW - 1), "c": info(OLD), "d": info(OLD)}
-    assert eligible_nodes("b", nodes, ["c"], now=NOW, settle_s=SETTLE) == {"a", "b", "d"}
-    assert eligible_nodes("a", nodes, ["c"], now=NOW, settle_s=SETTLE) == {"a", "d"}
+def test_eligible_nodes_leave_out_the_replaced_and_the_newly_registered() -> None:
+    # b registered a second ago (a restart, or a session that expired and came back).
+    registered = {"a": OLD, "b": NOW - 1, "c": OLD, "d": OLD}
+    assert eligible_nodes("b", registered, ["c"], now=NOW, settle_s=SETTLE) == {"a", "b", "d"}
+    assert eligible_nodes("a", registered, ["c"], now=NOW, settle_s=SETTLE) == {"a", "d"}
