@@ -14,12 +14,14 @@ one shard; a move lowers the spread, so the fleet settles.
   on its leader; the request is fenced by the leader's token (a term that ended meanwhile
   moves nothing).
 
-`read_shards` and `read_leads` read that view (the second only when `over_share` says the
-node leads more than its share); `plan_move` is the decision, free of I/O.
+`read_shards` reads that view: the shards a node serves at every look, every shard of the
+cluster only when `over_share` says the node leads more than its share; `plan_move` is the
+decision, free of I/O.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import zlib
 from collections.abc import Iterable, Mapping
@@ -43,11 +45,13 @@ class ShardView:
 
 @dataclass(frozen=True)
 class FleetView:
-    """What one node's balancer read: the shards it stands for (`mine`) and how many shards
-    each node leads in the whole cluster (`leads`)."""
+    """What one node's balancer read: the shards it stands for (`mine`), how many shards
+    each node leads in the whole cluster (`leads`) and, for the chain step, every shard of
+    the cluster (`everyone`; empty: not read)."""
 
     mine: tuple[ShardView, ...]
     leads: Mapping[str, int]
+    everyone: tuple[ShardView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,28 +81,68 @@ def share(node: str, mine: Iterable[ShardView]) -> int:
 
 
 def plan_move(node: str, view: FleetView, *, now: float, settle_s: float) -> Move | None:
-    """The move `node` should make now, or None: among the shards it leads (terms older than
-    `settle_s`, not pinned to it), the one it can give to the eligible co-candidate leading
-    the fewest shards, if `node` is over its share and that candidate leads two or more
-    fewer. Ties go to the lowest shard, then to a target in an order that differs between
-    movers (two movers looking at once rarely pick the same one)."""
+    """The move `node` should make now, or None. Only while `node` leads more than its share,
+    and only a shard it leads whose term is older than `settle_s` and that no pin holds on it:
+    - directly, to the eligible co-candidate leading the fewest shards, if that one leads two
+      or more fewer;
+    - else one step of a chain (with `view.everyone`): toward the nearest node under its share
+      (fewest hops over shared shards), to a neighbour on the way that is not over its own
+      share. The surplus moves one hop closer at every step, so it never comes back.
+    Ties go to the lowest shard, then to a target in an order that differs between movers
+    (two movers looking at once rarely pick the same one)."""
     led = [v for v in view.mine if v.leader is not None and v.leader.node == node]
     fair = share(node, view.mine)
     count = view.leads.get(node, len(led))
     if count <= fair:
         return None
+    movable = [
+        v
+        for v in sorted(led, key=lambda v: v.shard)
+        if v.pinned_to != node and v.leader is not None and now - v.leader.since >= settle_s
+    ]
     best: Move | None = None
-    for v in sorted(led, key=lambda v: v.shard):
-        assert v.leader is not None
-        if v.pinned_to == node or now - v.leader.since < settle_s:
-            continue
+    for v in movable:
         # Movers that look at once spread over the targets leading fewest alike.
         for target in sorted(v.candidates - {node}, key=lambda t: _spread(node, v.shard, t)):
             theirs = view.leads.get(target, 0)
             if theirs + 2 > count or (best is not None and theirs >= best.target_leads):
                 continue
             best = Move(v.shard, node, target, count, theirs, fair)
-    return best
+    if best is not None or not view.everyone:
+        return best
+    hops = _toward_deficit(node, view)
+    for v in movable:
+        for target in sorted(v.candidates & hops, key=lambda t: _spread(node, v.shard, t)):
+            return Move(v.shard, node, target, count, view.leads.get(target, 0), fair)
+    return None
+
+
+def _toward_deficit(node: str, view: FleetView) -> set[str]:
+    """The neighbours of `node` (co-candidates of a shard) that lie on a shortest path to
+    the nearest node leading fewer than its share and are not over their own share."""
+    graph: dict[str, set[str]] = {}
+    for v in view.everyone:
+        for member in v.candidates:
+            graph.setdefault(member, set()).update(v.candidates - {member})
+
+    def excess(n: str) -> int:
+        return view.leads.get(n, 0) - share(n, view.everyone)
+
+    distance: dict[str, int] = {node: 0}
+    first_hop: dict[str, str] = {}
+    queue = collections.deque([node])
+    while queue:
+        here = queue.popleft()
+        for there in sorted(graph.get(here, ())):
+            if there not in distance:
+                distance[there] = distance[here] + 1
+                first_hop[there] = there if here == node else first_hop[here]
+                queue.append(there)
+    deficits = [n for n in distance if n != node and excess(n) < 0]
+    if not deficits:
+        return set()
+    nearest = min(distance[n] for n in deficits)
+    return {first_hop[n] for n in deficits if distance[n] == nearest and excess(first_hop[n]) <= 0}
 
 
 def _spread(node: str, shard: int, target: str) -> int:
@@ -129,10 +173,12 @@ def read_shards(
     known: dict[str, str],
     *,
     now: float,
+    pins: bool = True,
 ) -> tuple[ShardView, ...]:
-    """For each shard in `mine`: its leader, its candidates that are `eligible`, and its live
-    pin. `known` caches candidate znode path -> node across calls (a candidate's name is
-    never reused), so a steady election costs one children read per shard."""
+    """For each shard in `mine`: its leader, its candidates that are `eligible`, and (with
+    `pins`) its live pin. `known` caches candidate znode path -> node across calls (a
+    candidate's name is never reused), so a steady election costs one children read per
+    shard."""
     views, seen = [], {}
     for shard in mine:
         got = session.get(paths.leader(shard))
@@ -147,7 +193,7 @@ def read_shards(
                 known[path] = found[0].decode("utf-8", errors="replace")
             seen[path] = known[path]
             standing.add(known[path])
-        pin = read_pin(session, shard)
+        pin = read_pin(session, shard) if pins else None
         live_pin = pin.node if pin is not None and pin.until > now else None
         views.append(ShardView(shard, leader, frozenset(standing & eligible), live_pin))
     known.clear()  # only the candidates standing now: the cache does not grow with elections
@@ -155,20 +201,18 @@ def read_shards(
     return tuple(views)
 
 
-def read_leads(session: ZkSession, shard_count: int) -> dict[str, int]:
-    """How many of the cluster's shards each node leads (one read per shard)."""
+def leads_of(views: Iterable[ShardView]) -> dict[str, int]:
+    """How many of `views`' shards each node leads."""
     leads: dict[str, int] = {}
-    for shard in range(shard_count):
-        got = session.get(paths.leader(shard))
-        if got is not None:
-            node = LeaderInfo.decode(paths.leader(shard), got[0]).node
-            leads[node] = leads.get(node, 0) + 1
+    for v in views:
+        if v.leader is not None:
+            leads[v.leader.node] = leads.get(v.leader.node, 0) + 1
     return leads
 
 
 def over_share(node: str, mine: Iterable[ShardView]) -> bool:
     """True if `node` leads more of `mine` than its share: only then is the whole cluster's
-    leadership read (`read_leads`)."""
+    shard read (`read_shards` of all of them)."""
     views = list(mine)
     led = sum(1 for v in views if v.leader is not None and v.leader.node == node)
     return led > share(node, views)

@@ -22,9 +22,9 @@ from hakafka.coordination.balance import (
     FleetView,
     Move,
     eligible_nodes,
+    leads_of,
     over_share,
     plan_move,
-    read_leads,
     read_shards,
 )
 
@@ -55,7 +55,8 @@ class Balancer:
         self._shards, self._shard_count = list(config.shards), config.shard_count
         self._config, self._leading, self._on_move = config.balance, leading, on_move
         self._rng = rng or random.Random()
-        self._known: dict[str, str] = {}  # candidate znode -> node
+        self._known: dict[str, str] = {}  # candidate znode -> node, of this node's shards
+        self._known_all: dict[str, str] = {}  # the same, of every shard (read when over share)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="balance", daemon=True)
 
@@ -85,7 +86,10 @@ class Balancer:
         mine = read_shards(session, self._shards, eligible, self._known, now=now)
         if not over_share(self._node, mine):
             return None
-        view = FleetView(mine, read_leads(session, self._shard_count))
+        everyone = read_shards(
+            session, range(self._shard_count), eligible, self._known_all, now=now, pins=False
+        )
+        view = FleetView(mine, leads_of(everyone), everyone)
         move = plan_move(self._node, view, now=now, settle_s=settle)
         if move is None or move.shard not in tokens:
             return None

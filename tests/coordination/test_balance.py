@@ -12,7 +12,11 @@ SETTLE = 30.0
 OLD = NOW - 100.0  # a term older than SETTLE
 
 
-def _view(leaders: dict[int, str], candidates: dict[int, set[str]], **pins: str) -> FleetView:
+def _view(
+    leaders: dict[int, str], candidates: dict[int, set[str]], *, chain: bool = False, **pins: str
+) -> FleetView:
+    """Every shard as `mine` (a node moves only shards it leads); with `chain`, the whole
+    cluster for the chain step too."""
     mine = tuple(
         ShardView(
             s,
@@ -22,14 +26,16 @@ def _view(leaders: dict[int, str], candidates: dict[int, set[str]], **pins: str)
         )
         for s in sorted(candidates)
     )
-    return FleetView(mine, dict(Counter(leaders.values())))
+    return FleetView(mine, dict(Counter(leaders.values())), mine if chain else ())
 
 
-def _settle(leaders: dict[int, str], candidates: dict[int, set[str]], limit: int = 50) -> int:
+def _settle(
+    leaders: dict[int, str], candidates: dict[int, set[str]], limit: int = 50, chain: bool = False
+) -> int:
     """Apply every node's move until nobody moves; the number of moves."""
     for moves in range(limit):
         planned = [
-            plan_move(node, _view(leaders, candidates), now=NOW, settle_s=SETTLE)
+            plan_move(node, _view(leaders, candidates, chain=chain), now=NOW, settle_s=SETTLE)
             for node in sorted(set(leaders.values()))
         ]
         move = next((m for m in planned if m is not None), None)
@@ -63,13 +69,29 @@ def test_a_fleet_of_two_replicas_per_shard_settles_within_its_shares() -> None:
     # 100 shards, each on two nodes next to each other in a ring; the first node up of each
     # pair leads (the worst start: the lower name of every pair).
     candidates = {s: {nodes[s % 30], nodes[(s + 1) % 30]} for s in range(100)}
-    leaders = {s: min(candidates[s]) for s in range(100)}
-    moves = _settle(leaders, candidates, limit=200)
-    led = Counter(leaders.values())
-    for node in nodes:
-        mine = _view(leaders, {s: c for s, c in candidates.items() if node in c}).mine
-        assert led.get(node, 0) <= share(node, mine) + 1, node
-    assert moves <= 100
+
+    def over(leaders: dict[int, str]) -> dict[str, int]:
+        led = Counter(leaders.values())
+        shares = {n: share(n, _view(leaders, candidates).mine) for n in nodes}
+        return {n: led[n] - shares[n] for n in nodes if led[n] > shares[n]}
+
+    chained = {s: min(candidates[s]) for s in range(100)}
+    moves = _settle(chained, candidates, limit=300, chain=True)
+    assert over(chained) == {}
+    assert moves <= 150
+
+
+def test_the_chain_step_goes_one_hop_toward_the_nearest_node_under_its_share() -> None:
+    # A line a - b - c: shares a 1, b 2, c 1. a leads two (over by one), b two (its share), c
+    # none. No direct move (b leads as many as a): a gives a shard to b, which then leads one
+    # over its share and gives one of its own to c; nothing comes back to a.
+    line = {0: {"a", "b"}, 1: {"a", "b"}, 2: {"b", "c"}, 3: {"b", "c"}}
+    leaders = {0: "a", 1: "a", 2: "b", 3: "b"}
+    assert plan_move("a", _view(leaders, line), now=NOW, settle_s=SETTLE) is None
+    move = plan_move("a", _view(leaders, line, chain=True), now=NOW, settle_s=SETTLE)
+    assert move is not None and (move.source, move.target) == ("a", "b")
+    assert _settle(leaders, line, chain=True) == 2
+    assert sorted(Counter(leaders.values()).items()) == [("a", 1), ("b", 2), ("c", 1)]
 
 
 def test_a_pinned_shard_a_young_term_and_a_lone_candidate_stay() -> None:
