@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -50,8 +51,22 @@ class DevstackError(RuntimeError):
     """A local-stack service could not be started, checked or stopped; the text says what to do."""
 
 
+# Listening ports come from below the kernel's ephemeral range (32768-60999 by default): a
+# port the OS hands out for `bind(0)` is also what outgoing connections take, and with 30
+# daemons connecting while the others start, one took a daemon's port before it listened.
+PORTS = range(20_000, 32_768)
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """Return a TCP port on `host` that was free a moment ago (the OS picks it)."""
+    """Return a TCP port on `host` that was free a moment ago, outside the ephemeral range
+    (`PORTS`, tried at random; the OS picks one if 200 tries find none)."""
+    for port in random.sample(PORTS, 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
