@@ -8,7 +8,8 @@ nothing reads the group back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -56,3 +57,53 @@ class GroupOffsets:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class SharedGroupOffsets:
+    """One `GroupOffsets` client for every term of a daemon that mirrors the same topic to
+    the same group (the shards of one pipeline it leads): a client per term cost each led
+    shard another librdkafka handle, four or five threads. `mirror()` hands a term its
+    handle; the client is made for the first and closed with the last, and commits go
+    through it one at a time."""
+
+    def __init__(self, make: Callable[[], GroupOffsets]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._client: GroupOffsets | None = None
+        self._users = 0
+
+    def mirror(self) -> GroupOffsetsHandle:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make()
+            self._users += 1
+        return GroupOffsetsHandle(self)
+
+    def publish(self, offsets: Mapping[int, int]) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.publish(offsets)
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+class GroupOffsetsHandle:
+    """One term's use of a `SharedGroupOffsets`: `close` (once; later calls do nothing)
+    releases it."""
+
+    def __init__(self, shared: SharedGroupOffsets) -> None:
+        self._shared: SharedGroupOffsets | None = shared
+
+    def publish(self, offsets: Mapping[int, int]) -> None:
+        if self._shared is not None:
+            self._shared.publish(offsets)
+
+    def close(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.release()

@@ -7,6 +7,7 @@ own fenced view of ZooKeeper, and a consumer and WAL opened on its pipeline thre
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from buffer import Catalog
 from chlib.replicas import Replica
 from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import PartitionConsumer, PipelineSchema
-from hakafka.consumer.group_offsets import GroupOffsets
+from hakafka.consumer.group_offsets import GroupOffsets, SharedGroupOffsets
 from hakafka.coordination import Coordinator, Leadership
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
@@ -42,6 +43,7 @@ class _Pipeline:
     config: PipelineConfig
     schema: PipelineSchema
     sink: PipelineSink
+    mirror: SharedGroupOffsets  # one Kafka client for the group, whichever shards it leads
 
 
 @dataclass
@@ -57,8 +59,18 @@ class PipelineFactory:
     _pipelines: list[_Pipeline] = field(init=False)
 
     def __post_init__(self) -> None:
+        kafka = self.config.kafka
         self._pipelines = [
-            _Pipeline(p, schema, PipelineSink(self.config, p, schema, self.spark))
+            _Pipeline(
+                p,
+                schema,
+                PipelineSink(self.config, p, schema, self.spark),
+                SharedGroupOffsets(
+                    functools.partial(
+                        GroupOffsets, kafka.bootstrap, p.topic, p.group, kafka.settings
+                    )
+                ),
+            )
             for p in self.config.pipelines
             for schema in (pipeline_schema(p),)
         ]
@@ -123,9 +135,6 @@ class PipelineFactory:
                 interval_ms=w.interval_ms,
             )
 
-        def mirror() -> GroupOffsets:
-            return GroupOffsets(kafka.bootstrap, pipeline.topic, pipeline.group, kafka.settings)
-
         def replicas() -> tuple[Replica, ...]:
             return shard_replicas(
                 config, shard, lambda r: self.coordinator.writable_replicas(shard, r)
@@ -144,5 +153,5 @@ class PipelineFactory:
             sink=p.sink,
             fenced=fenced,
             replicas=replicas,
-            mirror=mirror if kafka.commit_offsets else None,
+            mirror=p.mirror.mirror if kafka.commit_offsets else None,
         )
