@@ -251,13 +251,14 @@ def zk_sample(ensemble: ZooKeeperEnsemble) -> ZkSample:
     return ZkSample(time.monotonic(), received, zxid, znodes, watches)
 
 
-def metric_sum(node: DaemonNode, name: str) -> float:
+def metric_sum(node: DaemonNode, name: str, having: str = "") -> float:
+    """The sum of `name`'s samples on `node` whose labels contain `having`."""
     code, body = node.get("/metrics", timeout=10.0)
     if code != 200:
         return 0.0
     total = 0.0
     for line in body.decode().splitlines():
-        if line.startswith((name + "{", name + " ")):
+        if line.startswith((name + "{", name + " ")) and having in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -283,11 +284,10 @@ class Fleet:
         led = self.led()
         return all(led.get(name, 0) <= share(len(self.layout[name])) for name in self.live())
 
-    def moves(self) -> float:
-        return sum(metric_sum(n, "hakafka_balance_moves_total") for n in self.live().values())
-
     def flushes(self) -> float:
-        return sum(metric_sum(n, "hakafka_flushes_total") for n in self.live().values())
+        return sum(
+            metric_sum(n, "hakafka_flushes_total", 'result="ok"') for n in self.live().values()
+        )
 
 
 def wait(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -333,7 +333,6 @@ def cold_start(fleet: Fleet) -> None:
 def balance(fleet: Fleet, began: float, when: str) -> None:
     """Wait until leadership is balanced; print how long from `began`, the moves it took and
     what one cost."""
-    moves_before = fleet.moves()
     led = fleet.led()
     worst = max(led.get(n, 0) - share(len(fleet.layout[n])) for n in fleet.live())
     deadline = time.monotonic() + BALANCE_TIMEOUT_S
@@ -362,7 +361,7 @@ def balance(fleet: Fleet, began: float, when: str) -> None:
         f"  balanced {when}: {took:6.1f} s after it began, {len(moves)} hand-overs "
         f"(most over its share before: +{worst}); leads per node now "
         f"{min(led.get(n, 0) for n in nodes)}..{max(led.values())}; "
-        f"a move's consuming gap: {seconds(gaps)}; metric moves {fleet.moves() - moves_before:.0f}"
+        f"a move's consuming gap: {seconds(gaps)}"
     )
 
 
@@ -407,13 +406,16 @@ def steady(fleet: Fleet, window: float, label: str) -> None:
         f"threads {statistics.mean(threads):.0f} (max {max(threads)}); "
         f"all {len(pids)} daemons: CPU {sum(cpu):.0f} % of one core"
     )
-    if leading:
+    counts = {x[2] for x in per_led}
+    if leading and len(counts) > 1:
         slope = _slope([x[2] for x in per_led], [x[1] for x in per_led])
         cpu_slope = _slope([x[2] for x in per_led], [x[0] for x in per_led])
         print(
             f"  per shard led: +{slope:.1f} threads, +{cpu_slope:.2f} % CPU "
-            f"(least squares over the daemons; leads 0..{max(x[2] for x in per_led)})"
+            f"(least squares over the daemons; leads {min(counts)}..{max(counts)})"
         )
+    elif leading:
+        print(f"  every daemon leads {counts.pop()} shards (no spread to fit a per-shard cost)")
 
 
 def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
