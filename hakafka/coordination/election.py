@@ -1,24 +1,20 @@
 """One shard's candidacy and leadership: the `Leadership` state object the daemon waits on.
 
-Mechanics (see docs/DESIGN.md, "ZooKeeper layout"): every joined node keeps an ephemeral
-sequential candidate `shards/<s>/election/n_…` holding its node id. The leader is the lowest
-candidate whose node is eligible (not under replacement, and the failover target while a
-`failover --to` request is active). The winner bumps `epoch` and creates the ephemeral
-`leader` znode in one multi-op, so a leader is only published once the previous `leader`
-znode is gone, and the new `epoch` version is the fencing token. All ZooKeeper work happens on
-the coordinator's serial worker, driven by watches; kazoo's threads only hand work over.
+Mechanics (docs/DESIGN.md, "ZooKeeper layout", with the rules for unknown outcomes): every
+joined node keeps an ephemeral sequential candidate `shards/<s>/election/n_…` holding its
+node id. The leader is the lowest candidate whose node is eligible (not under replacement,
+and the failover target while a `failover --to` request is active and the target stands).
+The winner bumps `epoch` and creates the ephemeral `leader` znode in one multi-op, so a
+leader is only published once the previous `leader` znode is gone, and the new `epoch`
+version is the fencing token. All ZooKeeper work happens on the coordinator's serial
+worker, driven by watches; kazoo's threads only hand work over.
 
-Leadership is read back, never remembered. A call whose outcome is unknown (its reply lost
-with the connection, or no answer within the request timeout) may have been applied:
-- the election multi-op: the next evaluation finds `leader` owned by this session
-  (`ephemeralOwner`) and, when its epoch is still the shard's, adopts the term; otherwise
-  it deletes the stale znode;
-- a candidate `create`: a candidate of this session that is not `_candidate` is deleted;
-- a resignation or leave: it stays pending (`_resigning`) and is retried until ZooKeeper
-  confirms that neither `leader` nor the candidate is this session's.
-A suspended leader whose connection is back re-checks on a timer until it resumes or drops,
-and drops once it has been suspended for a session timeout. `reconcile` (every few seconds,
-from the coordinator) runs the same checks as a safety net; each correction is logged
+Leadership is read back, never remembered: a call whose outcome is unknown (its reply lost,
+or no answer within the request timeout) may have been applied, so the next evaluation
+adopts or deletes a `leader` of this session, deletes a stray candidate of this session, and
+retries a resignation or leave (`_resigning`) until ZooKeeper confirms it. A suspended
+leader re-checks on a timer and drops after a session timeout. `reconcile` (every few
+seconds) runs the same checks as a safety net; each correction is logged
 (`election.corrected`) and counted through `on_correction`.
 """
 
@@ -77,6 +73,7 @@ class Leadership:
     ) -> None:
         self.shard = shard
         self.node_id = node_id
+        self._log = log.bind(shard=shard, node=node_id)
         self._session = session
         self._registry = registry
         self._worker = worker
@@ -178,7 +175,7 @@ class Leadership:
                 return
             self._state = LeadershipState.SUSPENDED
             self._suspended_at = time.monotonic()
-        log.warning("election.suspended", shard=self.shard, node=self.node_id)
+        self._log.warning("election.suspended")
         self._notify(Suspended())
 
     def session_lost(self) -> None:
@@ -200,7 +197,7 @@ class Leadership:
         try:
             self._resign("node left the shard")
         except ZooKeeperUnavailableError as exc:  # deleting the candidate: evaluated again
-            log.warning("election.leave_unconfirmed", shard=self.shard, error=str(exc))
+            self._log.warning("election.leave_unconfirmed", error=str(exc))
             self._retry_later()
 
     def rejoin(self, callback: Callable[[LeadershipEvent], None] | None) -> None:
@@ -224,7 +221,7 @@ class Leadership:
                 self._drop("leader znode or epoch no longer this term's")
             self._evaluate_once()
         except ZooKeeperUnavailableError as exc:
-            log.warning("election.reconcile_failed", shard=self.shard, error=str(exc))
+            self._log.warning("election.reconcile_failed", error=str(exc))
 
     def cancel_timers(self) -> None:
         for timer in self._timers:
@@ -260,14 +257,12 @@ class Leadership:
             self._token = None
             self.failover_requested.clear()
         if was:
-            log.warning("election.lost", shard=self.shard, node=self.node_id, reason=reason)
+            self._log.warning("election.lost", reason=reason)
             self._notify(LostLeadership(reason))
         return was
 
     def _correct(self, action: Correction, **fields: object) -> None:
-        log.warning(
-            "election.corrected", shard=self.shard, node=self.node_id, action=action, **fields
-        )
+        self._log.warning("election.corrected", action=action, **fields)
         if self._on_correction is not None:
             self._on_correction(self.shard, action)
 
@@ -292,7 +287,7 @@ class Leadership:
         try:
             self._evaluate_once()
         except ZooKeeperUnavailableError as exc:
-            log.warning("election.evaluate_failed", shard=self.shard, error=str(exc))
+            self._log.warning("election.evaluate_failed", error=str(exc))
             if self._session.connected:
                 self._retry_later()
 
@@ -336,9 +331,7 @@ class Leadership:
                 sequence=True,
             )
             self._candidate = created.rsplit("/", 1)[1]
-            log.info(
-                "election.candidate", shard=self.shard, node=self.node_id, candidate=self._candidate
-            )
+            self._log.info("election.candidate", candidate=self._candidate)
         winner = self._winner(replacing, target)
         if winner is None or winner != self._candidate:
             leader = self._session.exists(leader_path, self.trigger)
@@ -366,13 +359,9 @@ class Leadership:
         self._candidate_nodes = {n: v for n, v in self._candidate_nodes.items() if n in names}
         standing: list[tuple[str, str]] = []  # (candidate, node) of the eligible, lowest first
         for name in names:
-            known = self._candidate_nodes.get(name)
+            known = self._candidate_of(name)
             if known is None:
-                got = self._session.get(paths.candidate(self.shard, name))
-                if got is None:
-                    continue
-                known = got[0].decode("utf-8", errors="replace"), got[1].ephemeralOwner
-                self._candidate_nodes[name] = known
+                continue
             node, owner = known
             if owner == self._session.session_id and name != self._candidate:
                 # A create whose reply was lost: ours, but not the candidate we stand with.
@@ -387,16 +376,22 @@ class Leadership:
         """Whether `node` has a candidate in this shard's election (watched: a candidate that
         goes away evaluates again)."""
         for name in self._session.children(paths.election(self.shard), self.trigger):
-            known = self._candidate_nodes.get(name)
-            if known is None:
-                got = self._session.get(paths.candidate(self.shard, name))
-                if got is None:
-                    continue
-                known = got[0].decode("utf-8", errors="replace"), got[1].ephemeralOwner
-                self._candidate_nodes[name] = known
-            if known[0] == node:
+            known = self._candidate_of(name)
+            if known is not None and known[0] == node:
                 return True
         return False
+
+    def _candidate_of(self, name: str) -> tuple[str, int] | None:
+        """Candidate `name`'s node and owner session (read once, then cached: a name is never
+        reused); None if it is gone."""
+        known = self._candidate_nodes.get(name)
+        if known is None:
+            got = self._session.get(paths.candidate(self.shard, name))
+            if got is None:
+                return None
+            known = got[0].decode("utf-8", errors="replace"), got[1].ephemeralOwner
+            self._candidate_nodes[name] = known
+        return known
 
     def _try_lead(self, request: FailoverRequest | None, request_stat: ZnodeStat | None) -> None:
         leader_path = paths.leader(self.shard)
@@ -417,12 +412,7 @@ class Leadership:
         txn.create(leader_path, info.encode(), ephemeral=True)
         results = self._session.commit(txn, leader_path)
         if any(isinstance(r, Exception) for r in results):
-            log.info(
-                "election.lead_race",
-                shard=self.shard,
-                node=self.node_id,
-                errors=[repr(r) for r in results],
-            )
+            self._log.info("election.lead_race", errors=[repr(r) for r in results])
             self._retry_later()
             return
         self._become_leader(new_epoch, results[0], info.status, request, request_stat)
@@ -461,13 +451,7 @@ class Leadership:
             self._epoch_mzxid = epoch_stat.mzxid
             self._status = status
             self.failover_requested.clear()
-        log.info(
-            "election.became_leader",
-            shard=self.shard,
-            node=self.node_id,
-            epoch=epoch,
-            token=epoch_stat.version,
-        )
+        self._log.info("election.became_leader", epoch=epoch, token=epoch_stat.version)
         self._notify(BecameLeader(epoch, epoch_stat.version))
         if request is not None and request_stat is not None:
             self._leader_handle_request(request, request_stat, time.time())
@@ -485,23 +469,16 @@ class Leadership:
         else:
             if not self.failover_requested.is_set():
                 self.failover_requested.set()
-                log.info(
-                    "failover.requested_of_leader",
-                    shard=self.shard,
-                    node=self.node_id,
-                    to=request.to,
-                )
+                self._log.info("failover.requested_of_leader", to=request.to)
                 self._notify(FailoverRequested(request))
             return
         self._session.delete(path, stat.version)
-        log.info(
-            "failover.done", shard=self.shard, node=self.node_id, outcome=outcome, to=request.to
-        )
+        self._log.info("failover.done", outcome=outcome, to=request.to)
 
     def _withdraw(self) -> None:
         if self._candidate is not None:
             self._session.delete(paths.candidate(self.shard, self._candidate))
-            log.info("election.withdrew", shard=self.shard, node=self.node_id)
+            self._log.info("election.withdrew")
             self._candidate = None
 
     def _resign(self, reason: str) -> None:
@@ -516,7 +493,7 @@ class Leadership:
         try:
             done = self._finish_resign()
         except ZooKeeperUnavailableError as exc:
-            log.warning("election.resign_unconfirmed", shard=self.shard, error=str(exc))
+            self._log.warning("election.resign_unconfirmed", error=str(exc))
             self._retry_later()
             return
         if done and self._joined:
@@ -550,13 +527,11 @@ class Leadership:
         results = self._session.commit(txn, leader_path) if ops else []
         errors = [repr(r) for r in results if isinstance(r, Exception)]
         if errors:
-            log.info("election.resign_retry", shard=self.shard, reason=reason, errors=errors)
+            self._log.info("election.resign_retry", reason=reason, errors=errors)
             self._retry_later()
             return False
         self._candidate, self._resigning = None, None
-        log.info(
-            "election.resigned", shard=self.shard, node=self.node_id, reason=reason, deleted=ops
-        )
+        self._log.info("election.resigned", reason=reason, deleted=ops)
         return True
 
     def _resume_or_drop(self) -> None:
@@ -570,11 +545,8 @@ class Leadership:
         except ZooKeeperUnavailableError as exc:
             began = self._suspended_at or time.monotonic()
             suspended_s = time.monotonic() - began
-            log.warning(
-                "election.resume_check_failed",
-                shard=self.shard,
-                error=str(exc),
-                suspended_s=round(suspended_s, 1),
+            self._log.warning(
+                "election.resume_check_failed", error=str(exc), suspended_s=round(suspended_s, 1)
             )
             if suspended_s >= self._session.config.session_timeout_s:
                 self._correct(Correction.DROPPED_SUSPENDED, suspended_s=round(suspended_s, 1))
@@ -588,7 +560,7 @@ class Leadership:
         with self._cond:
             self._state = LeadershipState.LEADER
             epoch_no, token = self._epoch or 0, self._token or 0
-        log.info("election.resumed", shard=self.shard, node=self.node_id, epoch=epoch_no)
+        self._log.info("election.resumed", epoch=epoch_no)
         self._notify(Resumed(epoch_no, token))
 
     def _set_status(self, status: str) -> None:
