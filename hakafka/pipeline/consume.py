@@ -148,12 +148,14 @@ class ConsumeLane:
         no stall. A partition whose high watermark no fetch has brought yet has unknown lag,
         not none: a new leader's first polls come back empty before that."""
         status = self.context.status
+        # The buffer first: the flush lane marks a block in flight before its seal empties
+        # the buffer, so rows read as gone here are seen in flight below.
         return (
-            status.pending_block is None
+            self.context.buffer.stats().rows == 0
             and self.context.signals.flush_idle.is_set()
+            and status.pending_block is None
             and self.lag.keys() >= self.positions.keys()
             and not any(self.lag.values())
-            and self.context.buffer.stats().rows == 0
         )
 
     def _record_ranges(self, decoded: DecodedBatch, positions: dict[int, int]) -> Ranges:

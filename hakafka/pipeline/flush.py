@@ -111,11 +111,17 @@ class FlushLane:
                     or should_flush(self.thresholds, context.buffer.stats(), time.monotonic())
                 ):
                     continue
-                block = context.buffer.seal()
-                if block is not None:
-                    planned = plan_block(block, self.rows_per_task)
-                    self.flush_and_commit(planned, intent_written=False)
-                elif draining:
+                # In flight before the seal takes the rows out of the buffer: the consume lane
+                # must never see them in neither (it would take the shard for caught up).
+                signals.begin_flush()
+                try:
+                    block = context.buffer.seal()
+                    if block is not None:
+                        planned = plan_block(block, self.rows_per_task)
+                        self.flush_and_commit(planned, intent_written=False)
+                finally:
+                    signals.flush_idle.set()
+                if block is None and draining:
                     self.drained = True
                     context.log.info("flush.drained", checkpoint=self.checkpoint)
                     return

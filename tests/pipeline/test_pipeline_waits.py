@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,33 @@ def test_empty_polls_before_the_first_fetch_do_not_end_an_overdue_checkpoint(
     h.sink.gate.set()
     wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the first commit")
     assert Waiting.CHECKPOINT_OVERDUE not in kinds(leader)
+
+
+def test_a_block_between_its_seal_and_its_flush_still_owes_the_checkpoint(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once sealed, a block's rows are no longer in the buffer. If the block was not yet in
+    # flight, an empty poll then took the shard for caught up and dropped the overdue wait:
+    # make test's chaos run saw a shard stand still 38-44 s while its leader said ready.
+    from hakafka.pipeline.blockplan import plan_block
+
+    planned: list[bool] = []
+
+    def slow_plan(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.0)  # the consume lane polls (empty) meanwhile
+        planned.append(True)
+        return plan_block(*args, **kwargs)
+
+    monkeypatch.setattr("hakafka.pipeline.flush.plan_block", slow_plan)
+    _topic, h = one_partition(tmp_path, 30)
+    h.fenced.committed_at = time.time() - 40.0
+    h.sink.gate.clear()
+    leader = start(h, leaders)
+    wait_for(lambda: bool(planned), "the block planned")
+    assert Waiting.CHECKPOINT_OVERDUE in kinds(leader)
+    assert leader.stalled_for(time.monotonic()) >= 40.0
+    h.sink.gate.set()
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the first commit")
 
 
 def test_a_quiet_topic_is_no_stall_however_old_its_last_checkpoint(
