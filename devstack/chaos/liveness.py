@@ -114,18 +114,24 @@ class LivenessMonitor:
                 )
             )
 
-    def ready_while_stuck(self, bound: float, persist: int = 1) -> list[LivenessSample]:
+    def ready_while_stuck(
+        self, bound: float, persist: int = 1, resets: Sequence[float] = ()
+    ) -> list[LivenessSample]:
         """Samples of a shard without progress for longer than `bound` while every node
         serving it said it was ready: the lie this run must never see. With `persist`, only
         runs of at least that many such samples in a row for one shard (about a second
         apart): at a leadership change the stuck leader is a follower, ready, a moment before
         its successor's new term carries the shard's stall, and two probes a second apart
-        can both fall in that moment."""
+        can both fall in that moment. `resets` (monotonic times) are where the daemons'
+        measure starts again by design: a reshard rewrites every checkpoint, and a new term
+        counts its stall from its shard's last checkpoint write."""
         found: list[LivenessSample] = []
         for shard in sorted({s.shard for s in self.samples}):
             run: list[LivenessSample] = []
             for sample in sorted((s for s in self.samples if s.shard == shard), key=lambda s: s.at):
-                if sample.stalled > bound and sample.ready:
+                since_reset = [sample.at - r for r in resets if r <= sample.at]
+                stalled = min([sample.stalled, *since_reset])
+                if stalled > bound and sample.ready:
                     run.append(sample)
                     continue
                 found += run if len(run) >= persist else []

@@ -577,6 +577,13 @@ def test_ready_while_stuck_counts_runs_of_lying_probes() -> None:
         (1, 3.0),
     ]
     assert monitor.ready_while_stuck(60.0) == []
+    # A reset (a reshard's checkpoint rewrite) at t=1.5: shard 1's probe at t=2 and t=3 have
+    # been stalled 0.5 s and 1.5 s by the daemons' measure.
+    assert [(s.shard, s.at) for s in monitor.ready_while_stuck(38.0, resets=[1.5])] == [
+        (0, 0.0),
+        (0, 1.0),
+        (1, 1.0),
+    ]
 
 
 def _leader_view(shard: int, checkpoint: dict[str, int]) -> dict[str, Any]:
