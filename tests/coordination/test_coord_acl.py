@@ -125,6 +125,9 @@ def test_a_restart_before_the_old_session_expired_registers_once_it_ends(
     took = time.monotonic() - started
     config = restarted.config
     assert took < config.session_timeout_s + config.request_timeout_s, took
+    # The watcher may read from another ensemble member, one that has not applied the
+    # create yet: ZooKeeper orders reads per session only, so it syncs first.
+    watcher.session.sync(paths.node("n1"))
     after = watcher.session.exists(paths.node("n1"))
     assert after is not None
     assert after.ephemeralOwner == restarted.session.session_id != before.ephemeralOwner
