@@ -76,7 +76,7 @@ from hakafka.coordination import LeaderInfo, PendingIntent, paths
 from hakafka.logs import configure as configure_logs
 from hakafka.pipeline.blockplan import Settings, block_settings, follow_plan, plan_block
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer
-from hakafka.pipeline.consume import CONSUME_BATCH
+from hakafka.pipeline.lane_reader import CONSUME_BATCH
 from hakafka.settings import decoder_of, pipeline_schema
 from spark_bridge.plan import sorted_rows, task_slices
 

@@ -35,6 +35,7 @@ class PipelineSpec:
     on_error: str = "dead_letter"
     fsync: str = "batch"
     transform: str = ""
+    lanes: int | str = "auto"
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def render_config(
             f"table = {_toml_value(p.table)}",
             f"on_error = {_toml_value(p.on_error)}",
             f"transform = {_toml_value(p.transform)}",
+            f"lanes = {_toml_value(p.lanes)}",
             "[pipelines.columns]",
         ]
         lines += [f"{name} = {_toml_value(ch_type)}" for name, ch_type in p.columns.items()]

@@ -10,6 +10,7 @@ nor do `spark_bridge.handoff` and `.runtime`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -122,6 +123,14 @@ def decoder_of(
         registry=None if pipeline.schema_file else registry,
         schema_file=Path(pipeline.schema_file) if pipeline.schema_file else None,
     )
+
+
+def lane_count(pipeline: PipelineConfig, cores: int | None = None) -> int:
+    """The most lanes a term of `pipeline` reads with: its `lanes`, or for "auto" the host's
+    cores capped by `lanes_max` (a shard owning fewer partitions gets fewer)."""
+    if isinstance(pipeline.lanes, int):
+        return pipeline.lanes
+    return max(1, min(cores or os.cpu_count() or 1, pipeline.lanes_max))
 
 
 # -- buffer and WAL ------------------------------------------------------------------------

@@ -216,6 +216,7 @@ def make_cluster(
         shard_count: int = 2,
         balance: dict[str, object] | None = None,
         spark: dict[str, object] | None = None,
+        lanes: int | str = "auto",
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",
@@ -226,6 +227,7 @@ def make_cluster(
             or {"min_rows": 5000, "max_rows": 100_000, "min_bytes": 1, "min_age": 1, "max_age": 3},
             on_error=on_error,
             transform=transform,
+            lanes=lanes,
         )
         cluster = LocalCluster(
             tmp_path / f"cluster{len(made)}",

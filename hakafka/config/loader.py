@@ -36,7 +36,7 @@ from hakafka.config.sections import (
     SparkConfig,
     ZooKeeperConfig,
 )
-from hakafka.config.value_checks import NAME, name_problem
+from hakafka.config.value_checks import NAME, lanes_problem, name_problem
 from hakafka.consumer import ALWAYS_META, MANAGED_SETTINGS, Format, check_explicit_assignment
 from hakafka.consumer.schema import parse_path
 from hakafka.logs import LogLevel
@@ -280,6 +280,7 @@ def _pipeline(
         # _partition and _offset are always kept: exactly-once relies on them.
         meta_columns=tuple(dict.fromkeys([*ALWAYS_META, *meta])),
         partitions=partitions,
+        lanes=r.get("lanes", (int, str), d.lanes, check=lanes_problem),
         buffer=_buffer(r.table("buffer")),
         wal=r.table("wal").section(PipelineWalConfig),
     )

@@ -217,6 +217,8 @@ class ColumnConfig:
     path: str = ""
 
 
+LANES_AUTO = "auto"
+
 # `columns = "from_table"`: the columns are those of the existing table, read at start.
 COLUMNS_FROM_TABLE = "from_table"
 
@@ -242,6 +244,11 @@ class PipelineConfig:
     consumer_group: str = ""  # where checkpoints are mirrored; "" is hakafka.<name>
     transform: str = checked("", transform_problem)
     partitions: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # How many lanes read the shard's partitions, each in a process of its own: "auto" (one
+    # per partition the shard owns, at most the host's cores and `lanes_max`) or a count
+    # (at most one per partition); with 1 the pipeline thread reads, with no process.
+    lanes: int | str = LANES_AUTO
+    lanes_max: int = 8
     buffer: PipelineBufferConfig = PipelineBufferConfig()
     wal: PipelineWalConfig = PipelineWalConfig()
 

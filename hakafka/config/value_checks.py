@@ -44,6 +44,12 @@ def name_problem(value: str) -> str | None:
     )
 
 
+def lanes_problem(value: int | str) -> str | None:
+    if value == "auto" or (isinstance(value, int) and value >= 1):
+        return None
+    return f'must be "auto" or a number of lanes >= 1, got {value!r}'
+
+
 def positive_problem(value: float) -> str | None:
     return None if value > 0 else f"must be > 0, got {value}"
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
-from hakafka.consumer.batch import DecodedBatch
 from hakafka.consumer.partition_consumer import OffsetReset
 
 
@@ -64,7 +63,8 @@ class ConsumerMetrics:
 
         return count
 
-    def count_decoded(self, pipeline: str, shard: int, action: str, batch: DecodedBatch) -> None:
-        if batch.bad:
+    def count_bad(self, pipeline: str, shard: int, action: str, bad: int) -> None:
+        """`bad` messages of one batch were dead-lettered or skipped, per `action`."""
+        if bad:
             labels = {"pipeline": pipeline, "shard": str(shard), "action": action}
-            self.bad_messages.labels(**labels).inc(batch.bad)
+            self.bad_messages.labels(**labels).inc(bad)

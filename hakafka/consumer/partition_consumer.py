@@ -144,9 +144,11 @@ class PartitionConsumer:
         self._fixed = None if self._spec is not None else sorted(set(partitions))  # type: ignore[arg-type]
         self._on_reset = on_reset
         self._timeout = metadata_timeout
+        lane = f"-lane{self._spec.lane}" if self._spec is not None and self._spec.lanes > 1 else ""
         self._config: dict[str, Any] = {
             **DEFAULT_TUNING,
-            "client.id": f"{group_id}-{topic}",
+            # One per lane: a broker may keep per-client state (tansu's fetches did).
+            "client.id": f"{group_id}-{topic}{lane}",
             **settings,
             **_FORCED,
             "bootstrap.servers": bootstrap,

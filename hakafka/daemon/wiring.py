@@ -22,11 +22,12 @@ from hakafka.coordination import Coordinator, Leadership
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineParts
-from hakafka.pipeline.parts import Consumer, Fenced, Wal
+from hakafka.pipeline.parts import Consumer, Fenced, LaneParts, Wal
 from hakafka.pipeline.refetch import KafkaRefetch
 from hakafka.pipeline.sink import PipelineSink
 from hakafka.settings import (
     decoder_of,
+    lane_count,
     pipeline_schema,
     registry_of,
     shard_assignment,
@@ -115,16 +116,23 @@ class PipelineFactory:
         config, pipeline = self.config, p.config
         kafka = config.kafka
 
+        # Picklable, for lane processes: they count no offset resets (`on_reset`).
+        consumer_of = functools.partial(
+            PartitionConsumer,
+            kafka.bootstrap,
+            pipeline.topic,
+            settings=dict(kafka.settings),
+            out_of_range=kafka.out_of_range,
+            group_id=f"hakafka-{config.node}",
+        )
+
         def consumer() -> Consumer:
-            return PartitionConsumer(
-                kafka.bootstrap,
-                pipeline.topic,
+            return consumer_of(
                 shard_assignment(config, pipeline, shard),
-                settings=kafka.settings,
-                out_of_range=kafka.out_of_range,
-                group_id=f"hakafka-{config.node}",
                 on_reset=self.metrics.consumer.resets_of(pipeline.name, shard),
             )
+
+        lanes = lane_count(pipeline)
 
         def open_wal() -> Wal:
             w = pipeline.wal
@@ -154,4 +162,11 @@ class PipelineFactory:
             fenced=fenced,
             replicas=replicas,
             mirror=p.mirror.mirror if kafka.commit_offsets else None,
+            lanes=None
+            if lanes == 1
+            else LaneParts(
+                consumer=consumer_of,
+                decoder=functools.partial(decoder_of, pipeline, p.schema, registry_of(self.config)),
+                count=lanes,
+            ),
         )

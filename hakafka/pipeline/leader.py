@@ -10,7 +10,9 @@ Recovery, then two threads:
   pending block while the consumer already runs, and seals the next block only after it.
 - consume (`consume.ConsumeLane`, on the pipeline thread): consume -> decode -> WAL append
   (+ sync per policy) -> buffer append. At the buffer limit the batch is held and the
-  partitions pause until a flush commits.
+  partitions pause until a flush commits. With several lanes (`lane_process`), processes
+  consume and decode their parts of the shard's partitions, and this thread appends what
+  they read.
 - flush (`flush.FlushLane`, on the flush thread): when the thresholds say so, seal a block,
   write the `pending` intent, flush it through the sink (retried with backoff, never
   dropped), commit the checkpoint (fenced by the epoch), drop the block from the buffer and
@@ -35,16 +37,19 @@ import structlog
 from buffer import Catalog, MemoryTable, OffsetRange
 from hakafka.config import PipelineBufferConfig, PipelineConfig
 from hakafka.consumer import DecodeError, Decoder, ShardAssignment
+from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
-from hakafka.pipeline.consume import ConsumeLane
+from hakafka.pipeline.consume import ConsumeLane, InlineSource
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.flush import FlushLane, PendingReflush
+from hakafka.pipeline.lane_process import ProcessLanes
+from hakafka.pipeline.lane_reader import LaneReader
 from hakafka.pipeline.meters import PipelineMeters
-from hakafka.pipeline.parts import PipelineParts, Wal
+from hakafka.pipeline.parts import Consumer, LaneParts, PipelineParts, Wal
 from hakafka.pipeline.replay import (
     PendingScan,
     ReplayCursor,
@@ -122,7 +127,7 @@ class PipelineLeader:
         self._signals = Signals()
         self._meters = PipelineMeters(metrics, config.name, shard, config.on_error)
         self._index = WalIndex()
-        context = PipelineContext(
+        self._context = context = PipelineContext(
             config=config,
             buffer=self.buffer,
             index=self._index,
@@ -132,7 +137,7 @@ class PipelineLeader:
             crash=self._crash,
             log=self._log,
         )
-        self._consume = ConsumeLane(context, decoder)
+        self._consume = ConsumeLane(context)
         self._schemas = SchemaConverter(config.name, decoder.schema)
         self._flush = FlushLane(context, thresholds_of(config), parts, decoder, rows_per_task)
         self._wal: Wal | None = None
@@ -282,7 +287,7 @@ class PipelineLeader:
             if self.drain:
                 self._await_drained()
                 return
-            self._consume.assign(self._parts.consumer(), starts)
+            self._start_lanes(starts)
             self.status.enter(PipelineState.CONSUMING, self._log)
             self._consume.run(wal)
             self._set_stopped()
@@ -298,6 +303,40 @@ class PipelineLeader:
             if self._flusher.ident is None:
                 self._thread_done()  # the flusher never started: count it as done
             self._thread_done()
+
+    def _start_lanes(self, starts: dict[int, int]) -> None:
+        """Start reading from `starts`: in this thread, or in one process per lane when
+        the parts ask for several and the shard owns more than one partition (a lane
+        never reads nothing; counted once per term, from the topic's metadata)."""
+        consumer, lanes = self._parts.consumer(), self._parts.lanes
+        count = 1 if lanes is None else min(lanes.count, self._owned_count(consumer, lanes))
+        if lanes is None or count <= 1:
+            reader = LaneReader(
+                self.config.name,
+                self.config.topic,
+                self.decoder,
+                self._signals,
+                self.status,
+                self._log,
+                self._crash,
+            )
+            self._consume.source = InlineSource(reader)
+            reader.assign(consumer, starts)
+            return
+        consumer.close()
+        source = ProcessLanes(
+            dataclasses.replace(lanes, count=count), self.assignment, self._context
+        )
+        self._consume.source = source  # closed with the lane, even if a start fails
+        source.start(starts)
+
+    def _owned_count(self, consumer: Consumer, lanes: LaneParts) -> int:
+        """How many of the topic's partitions the shard owns (at most `lanes.count`: when
+        metadata cannot be read now, as many as the lanes)."""
+        try:
+            return len(self.assignment.select(consumer.topic_partitions()))
+        except KafkaMetadataError:
+            return lanes.count
 
     def _await_drained(self) -> None:
         """Let the flush lane commit everything recovered, then end `drained` (or stopped,

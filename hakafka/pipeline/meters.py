@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hakafka.consumer import DecodedBatch, OnError
+from hakafka.consumer import OnError
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBuffer
 
@@ -19,24 +19,28 @@ class PipelineMeters:
 
     def consumed(
         self,
-        decoded: DecodedBatch,
+        *,
+        rows: int,
+        bad: int,
+        dead_letters: int,
         message_bytes: int,
         wal_bytes: int,
         wal_seconds: float,
         synced: bool,
     ) -> None:
-        """One consumed batch, appended to the WAL (and synced if `synced`)."""
+        """One consumed batch (`rows` decoded, `bad` messages of which `dead_letters` went to
+        the dead-letter table), appended to the WAL (and synced if `synced`)."""
         m, labels = self._m, self._labels
         m.consumed_bytes.labels(**labels).inc(message_bytes)
-        m.consumed_rows.labels(**labels).inc(decoded.rows.num_rows)
+        m.consumed_rows.labels(**labels).inc(rows)
         m.wal_bytes.labels(**labels).inc(wal_bytes)
         m.wal_sync_seconds.labels(**labels).observe(wal_seconds)
         if synced:
             m.wal_syncs.labels(**labels).inc()
-        if decoded.bad:
-            m.consumer.count_decoded(self._pipeline, self._shard, self._on_error, decoded)
-            if decoded.dead_letters is not None:
-                m.dead_letters.labels(**labels).inc(decoded.dead_letters.num_rows)
+        if bad:
+            m.consumer.count_bad(self._pipeline, self._shard, self._on_error, bad)
+            if dead_letters:
+                m.dead_letters.labels(**labels).inc(dead_letters)
 
     def offset_gap(self, partition: int, offsets: int) -> None:
         """`offsets` offsets of `partition` came without a message."""

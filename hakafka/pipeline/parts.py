@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from buffer import OffsetRange
 from chlib.replicas import Replica
-from hakafka.consumer import Decoder
+from hakafka.consumer import Decoder, ShardAssignment
 from hakafka.consumer.messages import KafkaMessage
 from hakafka.coordination import Checkpoint, PendingIntent
 from hakafka.pipeline.blockplan import PlannedBlock
@@ -145,6 +145,18 @@ class OffsetsMirror(Protocol):
 
 
 @dataclass(frozen=True)
+class LaneParts:
+    """How each lane process of a pipeline makes its consumer (of the lane's part of the
+    shard) and its decoder, and how many lanes there are at most (each reads at least one
+    partition). Pickled to the processes, so both are picklable callables (a
+    `functools.partial` of module-level names)."""
+
+    consumer: Callable[[ShardAssignment], Consumer]
+    decoder: Callable[[], Decoder]
+    count: int
+
+
+@dataclass(frozen=True)
 class PipelineParts:
     """Everything outside the process a leader touches, handed in by the daemon."""
 
@@ -158,3 +170,6 @@ class PipelineParts:
     """The shard's ClickHouse replicas, asked again before each flush (replacements change)."""
     mirror: Callable[[], OffsetsMirror] | None = None
     """Builds the term's checkpoint mirror (on the flush thread's start); None: none."""
+    lanes: LaneParts | None = None
+    """Several lanes, each reading in a process of its own; None: one, in the pipeline
+    thread, with `consumer`."""

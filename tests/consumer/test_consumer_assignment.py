@@ -36,3 +36,24 @@ def test_explicit_assignment_conflicts_name_the_partition() -> None:
     check_explicit_assignment({0: [0, 1], 1: [2, 3]})
     with pytest.raises(ValueError, match="partition 1 is assigned to shard 0 and to shard 1"):
         check_explicit_assignment({0: [0, 1], 1: [1, 2]})
+
+
+def test_lanes_split_a_shards_partitions_disjointly_and_keep_them_when_partitions_are_added() -> (
+    None
+):
+    shard = ShardAssignment(1, 2)  # the odd partitions
+    lanes = [shard.for_lane(i, 2) for i in range(2)]
+    assert [lane.select(range(8)) for lane in lanes] == [[1, 5], [3, 7]]
+    # Four more partitions: each lane keeps what it had and takes every other new one.
+    assert [lane.select(range(12)) for lane in lanes] == [[1, 5, 9], [3, 7, 11]]
+    three = [shard.for_lane(i, 3) for i in range(3)]
+    got = [lane.select(range(12)) for lane in three]
+    assert sorted(p for part in got for p in part) == shard.select(range(12))
+    assert got == [[1, 7], [3, 9], [5, 11]]
+
+
+def test_lanes_of_an_explicit_list_go_by_its_order() -> None:
+    shard = ShardAssignment(0, 2, explicit=(6, 2, 4))
+    assert [shard.for_lane(i, 2).select(range(8)) for i in range(2)] == [[4, 6], [2]]
+    with pytest.raises(ValueError, match=r"lane must be in 0\.\.1, got 2"):
+        shard.for_lane(2, 2)

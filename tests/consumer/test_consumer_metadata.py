@@ -109,7 +109,7 @@ def test_a_partition_missing_from_one_answer_starts_at_its_known_offset_later(
 ) -> None:
     # The first metadata answer lacks partition 1, the next ones have it.
     pc, kafka = consumer(client, answer([0]), answer([0, 1]))
-    lane = Harness(tmp_path, pipeline_config(), Topic(partitions=2)).consume_lane()
+    lane = Harness(tmp_path, pipeline_config(), Topic(partitions=2)).lane_reader()
     lane.assign(pc, {0: 5, 1: 7})
     assert kafka.assigned == [[(0, 5)]]
     assert pc.refresh_partitions() == [1]
@@ -128,13 +128,13 @@ def test_metadata_errors_are_retried_with_backoff_while_the_lane_beats(
         answer([0, 1], p1=KafkaError.LEADER_NOT_AVAILABLE),
         answer([0, 1]),
     )
-    lane = Harness(tmp_path, pipeline_config(), Topic(partitions=2)).consume_lane()
+    lane = Harness(tmp_path, pipeline_config(), Topic(partitions=2)).lane_reader()
     began = time.monotonic()
     lane.assign(pc, {0: 5, 1: 7})
     took = time.monotonic() - began
     assert kafka.assigned == [[(0, 5), (1, 7)]], "assigned once, when metadata was whole"
     assert 0.5 + 1 + 2 <= took < 10, took  # backoff 0.5 s, 1 s, 2 s
-    assert lane.context.signals.stalled_for(time.monotonic()) < 1.0, "it kept beating"
+    assert lane.signals.stalled_for(time.monotonic()) < 1.0, "it kept beating"
     out = capsys.readouterr().out
     assert out.count("consumer.metadata_retry") == 3
     assert "metadata request failed" in out
@@ -156,8 +156,8 @@ def test_an_error_of_another_shards_partition_does_not_hold_this_one_up(
 
 def test_a_stop_ends_the_metadata_retries(client: list[StandInClient], tmp_path: Path) -> None:
     pc, _ = consumer(client, answer([0], error=KafkaError.LEADER_NOT_AVAILABLE))
-    lane = Harness(tmp_path, pipeline_config(), Topic(partitions=1)).consume_lane()
-    threading.Timer(1.0, lane.context.signals.stop.set).start()
+    lane = Harness(tmp_path, pipeline_config(), Topic(partitions=1)).lane_reader()
+    threading.Timer(1.0, lane.signals.stop.set).start()
     began = time.monotonic()
     with pytest.raises(PipelineStopped, match="Kafka metadata"):
         lane.assign(pc, {0: 5})
@@ -200,3 +200,17 @@ def test_a_failed_log_start_query_assigns_nothing(client: list[StandInClient]) -
     assert kafka.assigned == [] and pc.position() == {}
     assert pc.assign({0: 5}) == [0, 1]
     assert kafka.assigned == [[(0, 5), (1, LOW)]]
+
+
+def test_partitions_added_later_go_to_the_lane_their_rank_names(
+    client: list[StandInClient],
+) -> None:
+    # Shard 0 of 1, two lanes: partitions 0 and 1 at first, then 2 and 3 appear.
+    lanes = [ShardAssignment(0, 1).for_lane(i, 2) for i in range(2)]
+    consumers = [PartitionConsumer("127.0.0.1:1", TOPIC, lane) for lane in lanes]
+    for made in client:
+        made.answers = [answer([0, 1]), answer([0, 1, 2, 3])]
+    assert [c.assign({0: 5, 1: 7}) for c in consumers] == [[0], [1]]
+    assert [c.refresh_partitions() for c in consumers] == [[2], [3]]
+    # Each lane's first partition kept its known offset; the new ones start per policy.
+    assert [made.assigned for made in client] == [[[(0, 5)], [(2, LOW)]], [[(1, 7)], [(3, LOW)]]]

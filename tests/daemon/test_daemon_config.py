@@ -28,7 +28,7 @@ from hakafka.config import (
 )
 from hakafka.consumer import Format, OnError, OutOfRange
 from hakafka.coordination import ZkTls
-from hakafka.settings import zk_config
+from hakafka.settings import lane_count, zk_config
 from tests.helpers.configs import GOOD, NOWHERE, minimal, problems_of, write
 from wal import FsyncPolicy
 
@@ -479,3 +479,20 @@ def test_require_tls_refuses_each_plain_hop_by_name(tmp_path: Path) -> None:
     assert problems_of(tmp_path, remote) == [
         "require_tls: Spark Connect: spark.remote has no ;use_ssl=true"
     ]
+
+
+def test_lanes_are_auto_or_a_count(tmp_path: Path) -> None:
+    def with_lanes(value: str) -> str:
+        return GOOD.replace("[pipelines.columns]", f"lanes = {value}\n[pipelines.columns]")
+
+    assert load_config(write(tmp_path, GOOD)).pipelines[0].lanes == "auto"
+    assert load_config(write(tmp_path, with_lanes("3"))).pipelines[0].lanes == 3
+    for bad, shown in (("0", "0"), ('"many"', "'many'")):
+        assert (
+            f'pipelines[0].lanes: must be "auto" or a number of lanes >= 1, got {shown}'
+            in problems_of(tmp_path, with_lanes(bad))
+        )
+    auto = load_config(write(tmp_path, GOOD)).pipelines[0]
+    assert lane_count(auto, cores=16) == auto.lanes_max == 8
+    assert lane_count(auto, cores=2) == 2
+    assert lane_count(load_config(write(tmp_path, with_lanes("1"))).pipelines[0], cores=16) == 1

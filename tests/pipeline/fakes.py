@@ -22,7 +22,7 @@ from buffer import Catalog, OffsetRange
 from chlib.replicas import Replica
 from devstack.process import wait_until
 from hakafka.config import Config, PipelineConfig, parse_config
-from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, make_decoder
+from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, ShardAssignment, make_decoder
 from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError, PendingIntent
@@ -34,8 +34,9 @@ from hakafka.pipeline.blockplan import PlannedBlock
 from hakafka.pipeline.buffer import PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane
 from hakafka.pipeline.context import PipelineContext
+from hakafka.pipeline.lane_reader import LaneReader
 from hakafka.pipeline.meters import PipelineMeters
-from hakafka.pipeline.parts import Flushed
+from hakafka.pipeline.parts import Flushed, LaneParts
 from hakafka.pipeline.replay import WalIndex
 from hakafka.pipeline.state import PipelineStatus, Signals
 from hakafka.settings import shard_assignment
@@ -140,8 +141,10 @@ class FakeConsumer:
         batch: int = 100,
         delay: float = 0.0,
         log_starts: Mapping[int, int] | None = None,
+        assignment: ShardAssignment | None = None,
     ) -> None:
         self.topic = topic
+        self.assignment = assignment
         self.batch = batch
         self.delay = delay
         self.log_starts = dict(log_starts or {})
@@ -161,7 +164,8 @@ class FakeConsumer:
         return sorted(self.topic.logs)
 
     def owned_partitions(self) -> list[int]:
-        return self.topic_partitions()
+        partitions = self.topic_partitions()
+        return partitions if self.assignment is None else self.assignment.select(partitions)
 
     def assign(self, start_offsets: Mapping[int, int]) -> list[int]:
         self.next = {
@@ -218,6 +222,37 @@ class FakeConsumer:
 
     def close(self) -> None:
         self.closed = True
+
+
+def filled_topic(partitions: int, count: int) -> Topic:
+    """A topic of `partitions` partitions holding `count` good messages each."""
+    topic = Topic(partitions)
+    for partition in range(partitions):
+        topic.produce(partition, count)
+    return topic
+
+
+def lane_consumer(
+    partitions: int, count: int, late: float, assignment: ShardAssignment
+) -> FakeConsumer:
+    """A lane process's consumer of `assignment`'s part of `filled_topic(partitions, count)`
+    (made again in the process: confluent-kafka's Messages do not pickle); the last lane's
+    comes `late` seconds late, so the others read meanwhile."""
+    if assignment.lane == assignment.lanes - 1:
+        time.sleep(late)
+    return FakeConsumer(filled_topic(partitions, count), assignment=assignment)
+
+
+def lane_parts(
+    config: Config, partitions: int, count: int, lanes: int, late: float = 0.0
+) -> LaneParts:
+    """`lanes` lane processes over `filled_topic(partitions, count)` for `config`'s first
+    pipeline, the last one ready `late` seconds after the others."""
+    return LaneParts(
+        consumer=functools.partial(lane_consumer, partitions, count, late),
+        decoder=functools.partial(decoder_for, config.pipelines[0]),
+        count=lanes,
+    )
 
 
 class FakeFenced:
@@ -408,6 +443,8 @@ class Harness:
     """The metadata error each new consumer starts with (None: Kafka answers)."""
     unfetched_polls: int = 0
     """How many polls of each new consumer come back empty before its first fetch."""
+    lanes: LaneParts | None = None
+    """Lane processes the leaders read with (None: one lane, with `consumers`)."""
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -445,6 +482,7 @@ class Harness:
                 fenced=self.fenced,
                 replicas=lambda: (),
                 mirror=lambda: self.mirror,
+                lanes=self.lanes,
             ),
             assignment=shard_assignment(self.config, self.pipeline, self.shard),
             rows_per_task=self.config.spark.rows_per_task,
@@ -475,7 +513,19 @@ class Harness:
             crash=self.crash,
             log=structlog.get_logger("tests"),
         )
-        return ConsumeLane(context, decoder)
+        return ConsumeLane(context)
+
+    def lane_reader(self) -> LaneReader:
+        """A lane reader of this pipeline on its own, with fresh signals and status."""
+        pipeline = self.pipeline
+        return LaneReader(
+            pipeline.name,
+            pipeline.topic,
+            decoder_for(pipeline),
+            Signals(),
+            PipelineStatus(),
+            structlog.get_logger("tests"),
+        )
 
 
 def one_partition(

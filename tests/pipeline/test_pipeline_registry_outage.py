@@ -52,8 +52,8 @@ def start_with_registry_away(
 def test_registry_outage_waits_reports_and_dead_letters_nothing(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hakafka.pipeline.consume.REGISTRY_RETRY_S", 0.01)
-    monkeypatch.setattr("hakafka.pipeline.consume.REGISTRY_RETRY_MAX_S", 0.05)
+    monkeypatch.setattr("hakafka.pipeline.lane_reader.REGISTRY_RETRY_S", 0.01)
+    monkeypatch.setattr("hakafka.pipeline.lane_reader.REGISTRY_RETRY_MAX_S", 0.05)
     _topic, h = one_partition(tmp_path, 40)
     leader, away = start_with_registry_away(h, leaders)
     wait_for(lambda: away.attempts >= 4, "decode retries while the registry is away")
@@ -74,7 +74,7 @@ def test_registry_outage_waits_reports_and_dead_letters_nothing(
 def test_a_stop_during_a_registry_outage_ends_the_wait(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hakafka.pipeline.consume.REGISTRY_RETRY_S", 10.0)
+    monkeypatch.setattr("hakafka.pipeline.lane_reader.REGISTRY_RETRY_S", 10.0)
     _topic, h = one_partition(tmp_path, 5)
     leader, away = start_with_registry_away(h, leaders)
     wait_for(lambda: away.attempts >= 1, "the first decode attempt")

@@ -32,7 +32,7 @@ def kinds(leader: PipelineLeader) -> set[Waiting]:
 def test_a_missing_topic_is_waited_for_by_name_until_it_is_created(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hakafka.pipeline.consume.TOPIC_RECHECK_S", 0.2)
+    monkeypatch.setattr("hakafka.pipeline.lane_reader.TOPIC_RECHECK_S", 0.2)
     topic = Topic(partitions=0)  # a typo in the config: no such topic
     h = Harness(tmp_path, pipeline_config(), topic)
     leader = start(h, leaders)
@@ -54,7 +54,7 @@ def test_a_missing_topic_is_waited_for_by_name_until_it_is_created(
 def test_kafka_unreachable_is_a_named_wait_while_recovering_and_heals(
     tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hakafka.pipeline.consume.METADATA_RETRY_S", 0.05)
+    monkeypatch.setattr("hakafka.pipeline.lane_reader.METADATA_RETRY_S", 0.05)
     _topic, h = one_partition(tmp_path, 10)
     h.kafka_unreachable = "Local: All broker connections are down"
     leader = start(h, leaders)
@@ -171,7 +171,7 @@ def test_metadata_failing_right_after_the_assignment_is_retried_not_a_failure(
 ) -> None:
     # The assignment read metadata (no topic yet); the look for the topic right after it
     # finds Kafka gone: a metadata error like any other, retried, not a failed pipeline.
-    monkeypatch.setattr("hakafka.pipeline.consume.METADATA_RETRY_S", 0.05)
+    monkeypatch.setattr("hakafka.pipeline.lane_reader.METADATA_RETRY_S", 0.05)
     calls = []
     answer = FakeConsumer.topic_partitions
 

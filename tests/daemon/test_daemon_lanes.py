@@ -1,0 +1,80 @@
+"""Several consume lanes per shard, on the real stack: each lane a process reading its part
+of the shard's partitions, the pipeline thread the WAL's only writer; exactly once through a
+leader killed mid-flush and a lane that raises. (Partitions added while running are picked
+up by the lane their rank names: `tests/consumer/test_consumer_metadata.py`, with a stand-in
+client, because the dev stack's broker, tansu, does not support CreatePartitions.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devstack.cluster import StackEndpoints
+from devstack.records import create_topic
+from devstack.records import produce as produce_records
+from tests.helpers.landing import assert_exactly_once, landed
+from tests.helpers.logs import log_events
+from tests.helpers.waiting import wait_for
+
+PARTITIONS = 6
+SHARD = [0]
+
+
+def lanes_started(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == "lanes.started"]
+
+
+# Two lanes are what `auto` gives every cluster test's shard (4 partitions, 2 cores), through
+# kills at each protocol step and a reshard (test_daemon_cluster, test_daemon_reshard).
+@pytest.mark.parametrize("lanes", [3])
+def test_lanes_deliver_exactly_once_through_a_leader_killed_between_insert_and_checkpoint(
+    lanes: int, make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    produced = produce_records(stack.kafka, topic, 30_000, partitions=PARTITIONS)
+    cluster = make_cluster({"n1": SHARD, "n2": SHARD}, shard_count=1, lanes=lanes)
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    n1.start(env={"HAKAFKA_CRASH_AT": "flush.after_insert:2"})
+    n1.wait_up()
+    wait_for(lambda: landed(ch_client, "events") > 0, 120, "n1's first block")
+    # The second block dies between its insert and its checkpoint.
+    more = produce_records(stack.kafka, topic, 6_000, partitions=PARTITIONS, start=30_000)
+    wait_for(lambda: not n1.alive(), 120, "n1 to die between insert and checkpoint")
+    started = lanes_started(log_events(n1.log_path))
+    assert started and started[0]["lanes"] == lanes, started
+    n2.start()
+    n2.wait_up()
+    # n1's last block is in ClickHouse already: n2 re-flushes it (adding nothing) and reads on.
+    last = produce_records(stack.kafka, topic, 6_000, partitions=PARTITIONS, start=36_000)
+    expected = produced.good | more.good | last.good
+    wait_for(lambda: landed(ch_client, "events") >= len(expected), 180, "every row")
+    assert_exactly_once(ch_client, "events", expected)
+    assert lanes_started(log_events(n2.log_path))[0]["lanes"] == lanes
+
+
+def test_a_lane_that_raises_fails_the_term_and_the_next_leader_delivers_every_row_once(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    produced = produce_records(stack.kafka, topic, 20_000, partitions=PARTITIONS)
+    cluster = make_cluster({"n1": SHARD, "n2": SHARD}, shard_count=1, lanes=2)
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    # Every lane process of n1 raises on its first batch (a decoder bug), term after term.
+    n1.start(env={"HAKAFKA_RAISE_AT": "lane.decode"})
+    n1.wait_up()
+    wait_for(
+        lambda: any(e["event"] == "pipeline.failed" for e in log_events(n1.log_path)),
+        120,
+        "n1's pipeline to fail",
+    )
+    n2.start()
+    n2.wait_up()
+    # n1 fails again and again, hands the shard over, and n2 delivers.
+    wait_for(lambda: landed(ch_client, "events") >= len(produced.good), 240, "every row")
+    assert_exactly_once(ch_client, "events", produced.good)
+    failed = [e for e in log_events(n1.log_path) if e["event"] == "pipeline.failed"]
+    assert failed[0]["error"].startswith("InjectedFaultError: HAKAFKA_RAISE_AT planned"), failed
+    assert failed[0]["restartable"] is True

@@ -1,0 +1,73 @@
+"""Several lanes: each a real process reading its part of a fake topic, the pipeline thread
+the WAL's only writer. Offsets land once, a lane that raises fails the term, and the next
+term (one lane or several) delivers the rest once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hakafka.pipeline import PipelineLeader, PipelineState
+from tests.pipeline.fakes import (
+    TOPIC,
+    Harness,
+    filled_topic,
+    lane_parts,
+    pipeline_config,
+    start,
+    wait_for,
+)
+
+PARTITIONS, COUNT = 4, 3_000
+
+
+def every_offset() -> list[tuple[int, int]]:
+    return [(p, o) for p in range(PARTITIONS) for o in range(COUNT)]
+
+
+@pytest.mark.parametrize("lanes", [2, 3])
+def test_lanes_land_every_offset_once_from_the_first_batch_of_each(
+    lanes: int, tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    config = pipeline_config()
+    h = Harness(tmp_path, config, filled_topic(PARTITIONS, COUNT))
+    h.lanes = lane_parts(config, PARTITIONS, COUNT, lanes, late=1.0)
+    leader = start(h, leaders)
+    assert leader.wait_consuming(60.0), leader.status
+    wait_for(
+        lambda: h.fenced.checkpoint.get(TOPIC) == dict.fromkeys(range(PARTITIONS), COUNT),
+        "every lane's offsets in the checkpoint",
+    )
+    wait_for(lambda: leader.buffer.rows.row_count == 0, "the buffer to empty")
+    # A lane ready before the others reads on: its first batches count too.
+    assert h.sink.offsets() == every_offset()
+    assert leader.lag() == dict.fromkeys(range(PARTITIONS), 0)
+    assert leader.stop(5.0)
+    assert leader.status.state is PipelineState.STOPPED
+
+
+def test_a_lane_that_raises_fails_the_term_and_the_next_delivers_the_rest_once(
+    tmp_path: Path, leaders: list[PipelineLeader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = pipeline_config()
+    h = Harness(tmp_path, config, filled_topic(PARTITIONS, COUNT))
+    h.lanes = lane_parts(config, PARTITIONS, COUNT, 2)
+    # Each lane process raises at its fifth batch (a decoder bug); the variable is read
+    # when a lane process starts.
+    monkeypatch.setenv("HAKAFKA_RAISE_AT", "lane.decode:5")
+    first = start(h, leaders)
+    wait_for(lambda: first.status.state is PipelineState.FAILED, "the term to fail", 60.0)
+    assert (first.status.error or "").startswith("InjectedFaultError: HAKAFKA_RAISE_AT planned")
+    assert first.status.restartable
+    monkeypatch.delenv("HAKAFKA_RAISE_AT")
+    first.stop(5.0)
+    h.fenced = h.fenced.next_term()
+    second = start(h, leaders)  # replays what the first put in the WAL, reads on from there
+    wait_for(
+        lambda: h.fenced.checkpoint.get(TOPIC) == dict.fromkeys(range(PARTITIONS), COUNT),
+        "every offset after the failure",
+        60.0,
+    )
+    wait_for(lambda: second.buffer.rows.row_count == 0, "the buffer to empty")
+    assert h.sink.offsets() == every_offset()
