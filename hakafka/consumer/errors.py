@@ -41,3 +41,7 @@ class DecodeError(ConsumerError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"cannot decode {topic}[{partition}] offset {offset}: {reason}")
+
+    def __reduce__(self) -> tuple[type[DecodeError], tuple[str, int, int, str]]:
+        # A lane process sends it to the pipeline thread pickled.
+        return type(self), (self.topic, self.partition, self.offset, self.reason)

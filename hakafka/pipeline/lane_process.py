@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import multiprocessing
 import pickle
 import signal
@@ -142,6 +143,16 @@ class _Pipe:
         raise structlog.DropEvent
 
 
+def sendable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling both ways (the pipeline thread raises it as it is),
+    else a LaneFailedError naming it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return LaneFailedError(f"{type(exc).__name__}: {exc}")
+
+
 def _picklable(fields: dict[str, Any]) -> dict[str, Any]:
     try:
         pickle.dumps(fields)
@@ -182,6 +193,9 @@ class LaneJob:
     topic: str
     assignment: ShardAssignment
     starts: dict[int, int]
+    # The daemon's collector thresholds (a decoded batch keeps 10^4 objects alive: at
+    # CPython's defaults the collector would take a third of decoding).
+    gc_thresholds: tuple[int, ...] = field(default_factory=gc.get_threshold)
 
 
 def lane_main(job: LaneJob, conn: Connection) -> None:
@@ -189,6 +203,7 @@ def lane_main(job: LaneJob, conn: Connection) -> None:
     thread until told to stop."""
     # As the daemon: SIGUSR1 dumps every thread's stack to stderr (the daemon's).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    gc.set_threshold(*job.gc_thresholds)
     pipe = _Pipe(conn)
     structlog.configure(processors=[pipe.forward_log], cache_logger_on_first_use=True)
     signals = _LaneSignals(pipe)
@@ -215,10 +230,7 @@ def lane_main(job: LaneJob, conn: Connection) -> None:
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass  # the pipeline went away: nothing to tell
     except BaseException as exc:
-        try:
-            pipe.send(_Failed(exc))
-        except Exception:
-            pipe.send(_Failed(RuntimeError(f"{type(exc).__name__}: {exc}")))
+        pipe.send(_Failed(sendable(exc)))
     finally:
         reader.close()
 

@@ -293,6 +293,7 @@ def test_chaos_every_record_exactly_once(
                     "min_age": 1,
                     "max_age": 3,
                 },
+                lanes=2,  # each shard's partitions read by two lane processes
             )
         ],
         zk_root=zk_root,
@@ -302,7 +303,10 @@ def test_chaos_every_record_exactly_once(
         spark_on_followers=variant.warm_standby,
         rows_per_task=ROWS_PER_TASK,
         server={"stuck_after": STUCK_AFTER},
-        zookeeper={"request_timeout": REQUEST_TIMEOUT},
+        # A daemon (re)started while the cores are busy (the suite's other worker, the
+        # run's own faults) may take longer than the default 10 s to connect through its
+        # proxy or namespace forwarder; it must not count as a failed start.
+        zookeeper={"request_timeout": REQUEST_TIMEOUT, "connect_timeout": 30.0},
         zookeeper_hosts={name: proxy.hosts for name, proxy in proxies.items()},
         replica_per_node=True,
     )

@@ -4,11 +4,14 @@ term (one lane or several) delivers the rest once."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 
+from hakafka.consumer import DecodeError
 from hakafka.pipeline import PipelineLeader, PipelineState
+from hakafka.pipeline.lane_process import LaneFailedError, sendable
 from tests.pipeline.fakes import (
     TOPIC,
     Harness,
@@ -71,3 +74,21 @@ def test_a_lane_that_raises_fails_the_term_and_the_next_delivers_the_rest_once(
     )
     wait_for(lambda: second.buffer.rows.row_count == 0, "the buffer to empty")
     assert h.sink.offsets() == every_offset()
+
+
+def test_what_a_lane_fails_with_reaches_the_pipeline_thread_as_it_was() -> None:
+    # A bad message under on_error = "fail" must fail the term for good (not restartable)
+    # with or without lanes: the DecodeError itself crosses the pipe.
+    error = DecodeError("events", 3, 41, "not JSON")
+    sent = sendable(error)
+    assert sent is error
+    back = pickle.loads(pickle.dumps(sent))
+    assert isinstance(back, DecodeError) and str(back) == str(error)
+    assert (back.partition, back.offset, back.reason) == (3, 41, "not JSON")
+
+    class OddError(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}/{b}")
+
+    named = sendable(OddError(1, 2))
+    assert isinstance(named, LaneFailedError) and str(named) == "OddError: 1/2"
