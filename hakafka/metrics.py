@@ -39,6 +39,7 @@ class Metrics:
     wal_syncs: Counter
     wal_sync_seconds: Histogram
     buffer_rows: Gauge
+    lanes: Gauge
     buffer_bytes: Gauge
     buffer_limit_bytes: Gauge
     backpressure: Gauge
@@ -104,6 +105,12 @@ class Metrics:
             ),
             buffer_rows=Gauge(
                 "hakafka_buffer_rows", "Rows held in the memory buffer", p, registry=reg
+            ),
+            lanes=Gauge(
+                "hakafka_pipeline_lanes",
+                "Consume lanes the pipeline reads with (0 while this node does not lead it)",
+                p,
+                registry=reg,
             ),
             buffer_bytes=Gauge(
                 "hakafka_buffer_bytes", "Arrow bytes held in the memory buffer", p, registry=reg

@@ -39,6 +39,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "open_rows": stats.rows,
         "positions": p.positions(),
         "lag": p.lag(),
+        "lanes": p.lanes(),
         "checkpoint": s.checkpoint,
         "pending_block": s.pending_block,
         "reflushing": s.reflushing,

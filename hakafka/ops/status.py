@@ -150,6 +150,7 @@ def _pipelines_of(
                     "error": p["error"],
                     "waiting": p.get("waiting", []),
                     "lag": {int(k): v for k, v in p["lag"].items()},
+                    "lanes": p.get("lanes", []),
                     "buffer_rows": p["buffer_rows"],
                     "buffer_bytes": p["buffer_bytes"],
                     "last_flush_at": p["last_flush_at"],
@@ -211,6 +212,19 @@ def reshard_text(reshard: dict[str, Any]) -> str:
     )
 
 
+def lag_by_lane(lag: dict[int, int] | None, lanes: list[list[int]]) -> str | None:
+    """`1200 (p0=700 p1=500)`; with several lanes each lane's partitions apart, `|` between
+    lanes: `1200 (p0=700 p2=0 | p1=500 p3=0)`."""
+    if lag is None:
+        return None
+    groups = lanes if len(lanes) > 1 else [sorted(lag)]
+    return (
+        f"{sum(lag.values())} ("
+        + " | ".join(" ".join(f"p{k}={lag[k]}" for k in group if k in lag) for group in groups)
+        + ")"
+    )
+
+
 def _yes_no(value: object) -> str | None:
     return None if value is None else "yes" if value else "no"
 
@@ -239,14 +253,7 @@ def render(status: dict[str, Any]) -> str:
     )
     rows = []
     for p in status["pipelines"]:
-        lag = p.get("lag")
-        lag_text = (
-            None
-            if lag is None
-            else f"{sum(lag.values())} ("
-            + " ".join(f"p{k}={v}" for k, v in sorted(lag.items()))
-            + ")"
-        )
+        lag_text = lag_by_lane(p.get("lag"), p.get("lanes") or [])
         flush = (
             None
             if p.get("last_flush_at") is None

@@ -45,6 +45,10 @@ class BatchSource(Protocol):
         """Messages behind the high watermark per partition, over every lane."""
         ...
 
+    def lanes(self) -> list[list[int]]:
+        """The partitions each lane reads, by lane."""
+        ...
+
     def pause(self) -> None:
         """Stop fetching (the buffer is full)."""
         ...
@@ -71,6 +75,9 @@ class InlineSource:
     def lag(self) -> dict[int, int]:
         return self._last.lag
 
+    def lanes(self) -> list[list[int]]:
+        return [sorted(self._last.positions)]
+
     def pause(self) -> None:
         if self.reader.consumer is not None:
             self.reader.consumer.pause()
@@ -92,6 +99,7 @@ class ConsumeLane:
     # Published by the pipeline thread, as the lanes last reported them.
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
+    lanes: list[list[int]] = field(default_factory=list)
 
     def _nothing_owed(self) -> bool:
         """After an empty poll: True when the term has nothing waiting (no lag, an empty
@@ -122,6 +130,9 @@ class ConsumeLane:
                 break
             batches = source.poll()
             self.positions, self.lag = source.positions(), source.lag()
+            if (lanes := source.lanes()) != self.lanes:
+                self.lanes = lanes
+                context.meters.lanes(len(lanes))
             stored = False
             for batch in batches:
                 if not batch.empty:

@@ -369,6 +369,9 @@ class ProcessLanes:
     def lag(self) -> dict[int, int]:
         return {p: n for lane in self._lanes for p, n in lane.lag.items()}
 
+    def lanes(self) -> list[list[int]]:
+        return [sorted(lane.positions) for lane in self._lanes]
+
     def pause(self) -> None:
         """Nothing to do: a lane whose pipe is not read blocks on its next send, and its
         consumer's fetch queue is bounded (librdkafka's queued.max.messages.kbytes)."""

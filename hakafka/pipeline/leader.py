@@ -272,6 +272,10 @@ class PipelineLeader:
         """Next offset to consume per partition (as of the last poll)."""
         return dict(self._consume.positions)
 
+    def lanes(self) -> list[list[int]]:
+        """The partitions each consume lane reads (as of the last poll; [] before)."""
+        return list(self._consume.lanes)
+
     # -- pipeline thread: recovery then consumption ----------------------------------------
 
     def _run(self) -> None:
@@ -504,6 +508,7 @@ class PipelineLeader:
         finally:
             # Even if closing failed: the next pipeline of this name needs the buffer's names.
             self._meters.buffer(None)
+            self._meters.lanes(0)
             self._release_tables()
             self._log.info("pipeline.released")
 

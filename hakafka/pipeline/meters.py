@@ -56,6 +56,10 @@ class PipelineMeters:
         if buffer is not None:
             self._m.buffer_limit_bytes.labels(**self._labels).set(buffer.limit_bytes)
 
+    def lanes(self, count: int) -> None:
+        """The pipeline reads with `count` lanes (0: it is released)."""
+        self._m.lanes.labels(**self._labels).set(count)
+
     def backpressure(self, paused: bool) -> None:
         self._m.backpressure.labels(**self._labels).set(1 if paused else 0)
 

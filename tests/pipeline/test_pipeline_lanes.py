@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hakafka.consumer import DecodeError
+from hakafka.ops.status import lag_by_lane
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.lane_process import LaneFailedError, sendable
 from tests.pipeline.fakes import (
@@ -46,7 +47,12 @@ def test_lanes_land_every_offset_once_from_the_first_batch_of_each(
     # A lane ready before the others reads on: its first batches count too.
     assert h.sink.offsets() == every_offset()
     assert leader.lag() == dict.fromkeys(range(PARTITIONS), 0)
+    # Ranks modulo the lane count: lane i reads partitions i, i + lanes, ...
+    assert leader.lanes() == [list(range(i, PARTITIONS, lanes)) for i in range(lanes)]
+    labels = {"pipeline": "events", "shard": "0"}
+    assert h.registries[-1].get_sample_value("hakafka_pipeline_lanes", labels) == lanes
     assert leader.stop(5.0)
+    assert h.registries[-1].get_sample_value("hakafka_pipeline_lanes", labels) == 0
     assert leader.status.state is PipelineState.STOPPED
 
 
@@ -92,3 +98,10 @@ def test_what_a_lane_fails_with_reaches_the_pipeline_thread_as_it_was() -> None:
 
     named = sendable(OddError(1, 2))
     assert isinstance(named, LaneFailedError) and str(named) == "OddError: 1/2"
+
+
+def test_status_shows_each_lanes_partitions_apart() -> None:
+    lag = {0: 700, 1: 500, 2: 0, 3: 0}
+    assert lag_by_lane(lag, [[0, 2], [1, 3]]) == "1200 (p0=700 p2=0 | p1=500 p3=0)"
+    assert lag_by_lane(lag, [[0, 1, 2, 3]]) == "1200 (p0=700 p1=500 p2=0 p3=0)"
+    assert lag_by_lane(None, []) is None
