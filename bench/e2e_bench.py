@@ -578,6 +578,7 @@ class Step:
     spark_on_followers: bool = False
     backlog: int = 0  # messages produced before the daemons start
     leaders: bool = True  # wait until both shards' leaders consume before the step's body
+    lanes: int | str = "auto"  # the pipeline's `lanes`
 
 
 @dataclass(frozen=True)
@@ -696,7 +697,12 @@ def running(bench: Bench, step: Step) -> Iterator[StepCluster]:
     create_topic(bench.stack.kafka, topic, PARTITIONS)
     bench.ch.client().command(f"CREATE DATABASE IF NOT EXISTS {database}")
     pipeline = PipelineSpec(
-        name="events", topic=topic, table="events", columns=COLUMNS, buffer=step.buffer
+        name="events",
+        topic=topic,
+        table="events",
+        columns=COLUMNS,
+        buffer=step.buffer,
+        lanes=step.lanes,
     )
     cluster = LocalCluster(
         bench.root / step.name,
@@ -757,6 +763,7 @@ class Run:
     sustain_seconds: float
     sustain_rate: int | None  # rows/s; None: SUSTAIN_SHARE of the catch-up's end to end
     catchup_backlog: int
+    lanes: int | str = "auto"  # the catch-up's `lanes`
     catchup_e2e: float | None = None  # rows/s, once the catch-up step has run
 
     def target(self) -> tuple[int, str]:
@@ -783,7 +790,7 @@ def catchup(bench: Bench, run: Run) -> list[Row]:
     batch, next to a raw consume of the same backlog, with where the CPU went until the last
     row was in ClickHouse and what that is per core of the daemon and its Spark."""
     count = run.catchup_backlog
-    spec = Step("catchup", spark_on_followers=True, backlog=count, leaders=False)
+    spec = Step("catchup", spark_on_followers=True, backlog=count, leaders=False, lanes=run.lanes)
     with running(bench, spec) as step:
         fill = step.fill(count, 600, "the backlog in the buffer")
         flushed = step.until_in_clickhouse(count, fill.began)
@@ -792,7 +799,7 @@ def catchup(bench: Bench, run: Run) -> list[Row]:
     per_row = raw / count
     run.catchup_e2e = fill.rows / flushed
     return [
-        (f"catch-up of {count:,} messages produced first:", "", "", ""),
+        (f"catch-up of {count:,} messages produced first, lanes = {run.lanes}:", "", "", ""),
         rate_row(f"  {RAW}", count, step.backlog_mib, raw, per_row),
         rate_row(f"  {INGEST}", fill.rows, fill.mib, fill.seconds, per_row),
         rate_row(f"  {END_TO_END}", fill.rows, fill.mib, flushed, per_row),
@@ -1184,12 +1191,18 @@ def main() -> int:
     )
     parser.add_argument("--catchup-backlog", type=int, default=CATCHUP_BACKLOG, help="messages")
     parser.add_argument(
+        "--lanes",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help='the catch-up pipeline\'s lanes ("auto": one per partition, at most the cores)',
+    )
+    parser.add_argument(
         "--steps",
         default="ingest,catchup,sustained,latency,failover,restart",
         help="in this order; sustained and latency take their rate from catchup",
     )
     args = parser.parse_args()
-    run = Run(args.sustain_seconds, args.sustain_rate, args.catchup_backlog)
+    run = Run(args.sustain_seconds, args.sustain_rate, args.catchup_backlog, args.lanes)
     steps: dict[str, Callable[[Bench], list[Row]]] = {
         "ingest": ingest,
         "catchup": functools.partial(catchup, run=run),
