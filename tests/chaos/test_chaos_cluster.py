@@ -303,10 +303,7 @@ def test_chaos_every_record_exactly_once(
         spark_on_followers=variant.warm_standby,
         rows_per_task=ROWS_PER_TASK,
         server={"stuck_after": STUCK_AFTER},
-        # A daemon (re)started while the cores are busy (the suite's other worker, the
-        # run's own faults) may take longer than the default 10 s to connect through its
-        # proxy or namespace forwarder; it must not count as a failed start.
-        zookeeper={"request_timeout": REQUEST_TIMEOUT, "connect_timeout": 30.0},
+        zookeeper={"request_timeout": REQUEST_TIMEOUT},
         zookeeper_hosts={name: proxy.hosts for name, proxy in proxies.items()},
         replica_per_node=True,
     )
