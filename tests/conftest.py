@@ -216,7 +216,9 @@ def make_cluster(
         shard_count: int = 2,
         balance: dict[str, object] | None = None,
         spark: dict[str, object] | None = None,
-        lanes: int | str = "auto",
+        # One lane unless a test asks: a lane process per partition group and term costs
+        # about 1.7 s of CPU, which the suite's many clusters on 2 cores felt (+3 minutes).
+        lanes: int | str = 1,
     ) -> LocalCluster:
         pipeline = PipelineSpec(
             name="events",

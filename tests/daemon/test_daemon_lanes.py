@@ -26,8 +26,9 @@ def lanes_started(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == "lanes.started"]
 
 
-# Two lanes are what `auto` gives every cluster test's shard (4 partitions, 2 cores), through
-# kills at each protocol step and a reshard (test_daemon_cluster, test_daemon_reshard).
+# Two lanes are the chaos run's (kills, partitions, a reshard: tests/chaos) and the CLI
+# cluster test's; the other cluster tests read with one (`make_cluster`'s default) to keep
+# the suite's time.
 @pytest.mark.parametrize("lanes", [3])
 def test_lanes_deliver_exactly_once_through_a_leader_killed_between_insert_and_checkpoint(
     lanes: int, make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
