@@ -19,6 +19,8 @@ they can or paced in TICK ticks to a rate shared through one counter of claimed 
    daemon by thread, its Spark JVM and Python workers, the broker, ClickHouse, the rest of the
    machine and what the hypervisor stole), and the rows and MiB per core used by the daemon
    and its Spark next to clickhouse_sinker's published figure.
+   With `--lanes 1,2` it runs once per lanes value, each with its own backlog and baseline
+   (the sustained rate is then taken from the last).
 3. Sustained: the producers alone for PROBE_SECONDS as fast as they can (their rate must pass
    the target, or the figure is theirs), then SUSTAIN_SHARE of the catch-up's end-to-end rate
    (or --sustain-rate) for SUSTAIN_SECONDS: the produced, ingest and end-to-end rates after
@@ -763,8 +765,8 @@ class Run:
     sustain_seconds: float
     sustain_rate: int | None  # rows/s; None: SUSTAIN_SHARE of the catch-up's end to end
     catchup_backlog: int
-    lanes: int | str = "auto"  # the catch-up's `lanes`
-    catchup_e2e: float | None = None  # rows/s, once the catch-up step has run
+    lanes: tuple[int | str, ...] = ("auto",)  # the catch-up's `lanes`, one catch-up each
+    catchup_e2e: float | None = None  # rows/s of the last catch-up, once one has run
 
     def target(self) -> tuple[int, str]:
         """The sustained rate in rows/s, and where it comes from."""
@@ -785,12 +787,22 @@ class Run:
 
 
 def catchup(bench: Bench, run: Run) -> list[Row]:
+    """One catch-up per value of `run.lanes`, each with its own backlog, cluster and raw
+    consume baseline."""
+    rows: list[Row] = []
+    for lanes in run.lanes:
+        name = "catchup" if len(run.lanes) == 1 else f"catchup_lanes_{lanes}"
+        rows += catchup_once(bench, run, name, lanes)
+    return rows
+
+
+def catchup_once(bench: Bench, run: Run, name: str, lanes: int | str) -> list[Row]:
     """The daemon's own ingest rate: a backlog produced before it starts (no producer competes
     for the cores), Spark up before it stands for election; timed from its first consumed
     batch, next to a raw consume of the same backlog, with where the CPU went until the last
     row was in ClickHouse and what that is per core of the daemon and its Spark."""
     count = run.catchup_backlog
-    spec = Step("catchup", spark_on_followers=True, backlog=count, leaders=False, lanes=run.lanes)
+    spec = Step(name, spark_on_followers=True, backlog=count, leaders=False, lanes=lanes)
     with running(bench, spec) as step:
         fill = step.fill(count, 600, "the backlog in the buffer")
         flushed = step.until_in_clickhouse(count, fill.began)
@@ -799,7 +811,7 @@ def catchup(bench: Bench, run: Run) -> list[Row]:
     per_row = raw / count
     run.catchup_e2e = fill.rows / flushed
     return [
-        (f"catch-up of {count:,} messages produced first, lanes = {run.lanes}:", "", "", ""),
+        (f"catch-up of {count:,} messages produced first, lanes = {lanes}:", "", "", ""),
         rate_row(f"  {RAW}", count, step.backlog_mib, raw, per_row),
         rate_row(f"  {INGEST}", fill.rows, fill.mib, fill.seconds, per_row),
         rate_row(f"  {END_TO_END}", fill.rows, fill.mib, flushed, per_row),
@@ -1192,9 +1204,10 @@ def main() -> int:
     parser.add_argument("--catchup-backlog", type=int, default=CATCHUP_BACKLOG, help="messages")
     parser.add_argument(
         "--lanes",
-        type=lambda v: v if v == "auto" else int(v),
-        default="auto",
-        help='the catch-up pipeline\'s lanes ("auto": one per partition, at most the cores)',
+        type=lambda v: tuple(x if x == "auto" else int(x) for x in v.split(",")),
+        default=("auto",),
+        help='the catch-up pipeline\'s lanes ("auto": one per partition, at most the cores); '
+        "a list such as 1,2 runs one catch-up per value",
     )
     parser.add_argument(
         "--steps",
