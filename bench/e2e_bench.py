@@ -501,17 +501,21 @@ def memory_mib(pid: int, field: str = "VmHWM") -> float:
 
 
 def cpu_meter(node: DaemonNode, others: Mapping[str, int | Sequence[int]]) -> CpuMeter:
-    """A meter of the node's daemon, its Spark JVM (a child, if running) and the JVM's Python
-    workers (the processes below it), and the `others` (the stack, the producers)."""
+    """A meter of the node's daemon with its lane processes (its other children, as they are
+    now), its Spark JVM (a child, if running) and the JVM's Python workers (the processes
+    below it), and the `others` (the stack, the producers)."""
     daemon = node.pid
     assert daemon is not None
-    pids = {DAEMON: daemon}
+    pids: dict[str, int | list[int]] = {}
+    lanes: list[int] = []
     below = {}
     for child in children(daemon):
         if "java" in " ".join(pid_cmdline(child)):
             pids[JVM] = child
             below[PYTHON_WORKERS] = child
-    return CpuMeter({**pids, **others}, below)
+        else:
+            lanes.append(child)
+    return CpuMeter({DAEMON: [daemon, *lanes], **pids, **others}, below)
 
 
 def cpu_rows(cpu: CpuUse) -> list[Row]:
