@@ -39,6 +39,7 @@ class Metrics:
     wal_syncs: Counter
     wal_sync_seconds: Histogram
     buffer_rows: Gauge
+    lane_rows: Counter
     lanes: Gauge
     buffer_bytes: Gauge
     buffer_limit_bytes: Gauge
@@ -105,6 +106,12 @@ class Metrics:
             ),
             buffer_rows=Gauge(
                 "hakafka_buffer_rows", "Rows held in the memory buffer", p, registry=reg
+            ),
+            lane_rows=Counter(
+                "hakafka_lane_rows",
+                "Rows decoded from Kafka by each consume lane (lane 0 alone with lanes = 1)",
+                [*p, "lane"],
+                registry=reg,
             ),
             lanes=Gauge(
                 "hakafka_pipeline_lanes",

@@ -39,7 +39,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "open_rows": stats.rows,
         "positions": p.positions(),
         "lag": p.lag(),
-        "lanes": p.lanes(),
+        "lanes": [asdict(lane) for lane in p.lanes()],
         "checkpoint": s.checkpoint,
         "pending_block": s.pending_block,
         "reflushing": s.reflushing,

@@ -116,7 +116,7 @@ class PipelineFactory:
         config, pipeline = self.config, p.config
         kafka = config.kafka
 
-        # Picklable, for lane processes: they count no offset resets (`on_reset`).
+        # Picklable, for lane processes (they forward their offset resets to be counted).
         consumer_of = functools.partial(
             PartitionConsumer,
             kafka.bootstrap,

@@ -225,13 +225,42 @@ def lag_by_lane(lag: dict[int, int] | None, lanes: list[list[int]]) -> str | Non
     )
 
 
+def lanes_table(pipelines: list[dict[str, Any]]) -> str | None:
+    """One row per consume lane of every pipeline read with more than one (None when none
+    is): its partitions, recent rows/s, rows this term and lag."""
+    rows = []
+    for p in pipelines:
+        lanes, lag = p.get("lanes") or [], p.get("lag") or {}
+        if len(lanes) < 2:
+            continue
+        for lane in lanes:
+            parts = lane["partitions"]
+            rows.append(
+                [
+                    p["shard"],
+                    p["pipeline"],
+                    lane["lane"],
+                    " ".join(f"p{k}" for k in parts),
+                    f"{lane['rows_per_s']:,.0f}",
+                    lane["rows"],
+                    sum(lag.get(k, 0) for k in parts),
+                ]
+            )
+    if not rows:
+        return None
+    return format_table(
+        ["SHARD", "PIPELINE", "LANE", "PARTITIONS", "ROWS/S", "ROWS (TERM)", "LAG"], rows
+    )
+
+
 def _yes_no(value: object) -> str | None:
     return None if value is None else "yes" if value else "no"
 
 
 def render(status: dict[str, Any]) -> str:
-    """The three tables `hakafka status` prints, and under them what every node's answer
-    had in common (the token refused)."""
+    """The tables `hakafka status` prints (shards, pipelines, lanes where a pipeline reads
+    with several, nodes), and under them what every node's answer had in common (the token
+    refused)."""
     shards = format_table(
         ["SHARD", "LEADER", "EPOCH", "STATUS", "SINCE"],
         [
@@ -253,7 +282,7 @@ def render(status: dict[str, Any]) -> str:
     )
     rows = []
     for p in status["pipelines"]:
-        lag_text = lag_by_lane(p.get("lag"), p.get("lanes") or [])
+        lag_text = lag_by_lane(p.get("lag"), [lane["partitions"] for lane in p.get("lanes") or []])
         flush = (
             None
             if p.get("last_flush_at") is None
@@ -309,7 +338,8 @@ def render(status: dict[str, Any]) -> str:
     )
     if status.get("reshard"):
         shards += "\n" + reshard_text(status["reshard"])
-    text = f"{shards}\n\n{pipelines}\n\n{nodes}"
+    lanes = lanes_table(status["pipelines"])
+    text = "\n\n".join(t for t in (shards, pipelines, lanes, nodes) if t is not None)
     refused = [n["node"] for n in status["nodes"] if _unauthorized(n["error"])]
     if refused:
         text += (

@@ -21,6 +21,7 @@ import pyarrow as pa
 from buffer import BufferFull
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.context import PipelineContext
+from hakafka.pipeline.lane_rates import LaneRates
 from hakafka.pipeline.lane_reader import LaneBatch, LaneReader
 from hakafka.pipeline.parts import Wal
 from hakafka.pipeline.state import PipelineStopped, Waiting
@@ -100,6 +101,7 @@ class ConsumeLane:
     lag: dict[int, int] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     lanes: list[list[int]] = field(default_factory=list)
+    rates: LaneRates = field(default_factory=LaneRates)
 
     def _nothing_owed(self) -> bool:
         """After an empty poll: True when the term has nothing waiting (no lag, an empty
@@ -133,6 +135,7 @@ class ConsumeLane:
             if (lanes := source.lanes()) != self.lanes:
                 self.lanes = lanes
                 context.meters.lanes(len(lanes))
+            self.rates.sample()
             stored = False
             for batch in batches:
                 if not batch.empty:
@@ -169,7 +172,9 @@ class ConsumeLane:
             wal_bytes=len(batch.header) + len(memoryview(batch.payload)),
             wal_seconds=batch.encode_seconds + time.perf_counter() - began,
             synced=batch_sync,
+            lane=batch.lane,
         )
+        self.rates.stored(batch.lane, rows.num_rows)
         for gap in batch.gaps:
             # Kafka allows offsets without a message (transaction markers, aborted
             # transactions, compaction): they only count and, past one, are logged. A broker

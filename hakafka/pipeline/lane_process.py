@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 import structlog
 
-from hakafka.consumer import ShardAssignment
+from hakafka.consumer import OffsetReset, ShardAssignment
 from hakafka.faults import CrashPlan
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_reader import POLL_TIMEOUT_S, LaneBatch, LaneReader
@@ -80,6 +80,13 @@ class _Log:
     level: str
     event: str
     fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Reset:
+    """The lane's consumer reset a partition's offset (`out_of_range = "earliest"`)."""
+
+    reset: OffsetReset
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ class _Pipe:
         self._waits.discard(kind)
         self.send(_Done(kind))
         return Wait(kind, time.monotonic(), "")
+
+    def reset(self, reset: OffsetReset) -> None:
+        """The consumer's `on_reset`: counted by the pipeline thread."""
+        self.send(_Reset(reset))
 
     def forward_log(self, _logger: Any, level: str, event: MutableMapping[str, Any]) -> NoReturn:
         """A structlog processor: the event goes to the pipeline's log, not to this
@@ -221,7 +232,7 @@ def lane_main(job: LaneJob, conn: Connection) -> None:
         CrashPlan.from_environment(),
     )
     try:
-        reader.assign(job.parts.consumer(job.assignment), job.starts)
+        reader.assign(job.parts.consumer(job.assignment, on_reset=pipe.reset), job.starts)
         pipe.send(_Ready())
         while not signals.stop.is_set():
             pipe.batch(reader.take())
@@ -260,7 +271,7 @@ class ProcessLanes:
         self._parts, self._assignment = parts, assignment
         self._pipeline, self._topic = context.config.name, context.config.topic
         self._status, self._signals = context.status, context.signals
-        self._log = context.log
+        self._log, self._meters = context.log, context.meters
         self._lanes: list[_Lane] = []
         self._waits: dict[Waiting, set[int]] = {}
         self._polled = time.monotonic()
@@ -346,7 +357,7 @@ class ProcessLanes:
         match message:
             case LaneBatch():
                 lane.positions, lane.lag = message.positions, message.lag
-                return message if message.empty else replace(message, payload=payload)
+                return replace(message, lane=lane.index, payload=payload)
             case _Ready():
                 lane.ready = True
             case _Wait(kind, detail):
@@ -357,6 +368,8 @@ class ProcessLanes:
                 waiting.discard(lane.index)
                 if not waiting:
                     self._status.done_waiting(kind)
+            case _Reset(reset):
+                self._meters.offset_reset(reset)
             case _Log(level, event, fields):
                 getattr(self._log, level, self._log.info)(event, lane=lane.index, **fields)
             case _Failed(error):

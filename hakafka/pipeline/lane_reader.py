@@ -86,6 +86,7 @@ class LaneBatch:
     counts: dict[tuple[str, int], int] = field(default_factory=dict)
     gaps: tuple[Gap, ...] = ()
     decoded: DecodedBatch | None = None
+    lane: int = 0  # which of the pipeline's lanes read it
 
     @property
     def empty(self) -> bool:

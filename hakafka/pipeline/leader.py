@@ -47,6 +47,7 @@ from hakafka.pipeline.consume import ConsumeLane, InlineSource
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.flush import FlushLane, PendingReflush
 from hakafka.pipeline.lane_process import ProcessLanes
+from hakafka.pipeline.lane_rates import LaneView
 from hakafka.pipeline.lane_reader import LaneReader
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Consumer, LaneParts, PipelineParts, Wal
@@ -272,9 +273,10 @@ class PipelineLeader:
         """Next offset to consume per partition (as of the last poll)."""
         return dict(self._consume.positions)
 
-    def lanes(self) -> list[list[int]]:
-        """The partitions each consume lane reads (as of the last poll; [] before)."""
-        return list(self._consume.lanes)
+    def lanes(self) -> list[LaneView]:
+        """Each consume lane: the partitions it reads (as of the last poll; [] before), the
+        rows it stored this term and its recent rows/s."""
+        return self._consume.rates.views(list(self._consume.lanes))
 
     # -- pipeline thread: recovery then consumption ----------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hakafka.consumer import OnError
+from hakafka.consumer import OffsetReset, OnError
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBuffer
 
@@ -27,12 +27,15 @@ class PipelineMeters:
         wal_bytes: int,
         wal_seconds: float,
         synced: bool,
+        lane: int = 0,
     ) -> None:
-        """One consumed batch (`rows` decoded, `bad` messages of which `dead_letters` went to
-        the dead-letter table), appended to the WAL (and synced if `synced`)."""
+        """One consumed batch read by `lane` (`rows` decoded, `bad` messages of which
+        `dead_letters` went to the dead-letter table), appended to the WAL (and synced if
+        `synced`)."""
         m, labels = self._m, self._labels
         m.consumed_bytes.labels(**labels).inc(message_bytes)
         m.consumed_rows.labels(**labels).inc(rows)
+        m.lane_rows.labels(**labels, lane=str(lane)).inc(rows)
         m.wal_bytes.labels(**labels).inc(wal_bytes)
         m.wal_sync_seconds.labels(**labels).observe(wal_seconds)
         if synced:
@@ -41,6 +44,11 @@ class PipelineMeters:
             m.consumer.count_bad(self._pipeline, self._shard, self._on_error, bad)
             if dead_letters:
                 m.dead_letters.labels(**labels).inc(dead_letters)
+
+    def offset_reset(self, reset: OffsetReset) -> None:
+        """A lane's consumer reset `reset.partition`'s offset (a lane process has no
+        counters of its own; with one lane the consumer counts it itself)."""
+        self._m.consumer.resets_of(self._pipeline, self._shard)(reset)
 
     def offset_gap(self, partition: int, offsets: int) -> None:
         """`offsets` offsets of `partition` came without a message."""

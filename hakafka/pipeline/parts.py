@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from buffer import OffsetRange
 from chlib.replicas import Replica
-from hakafka.consumer import Decoder, ShardAssignment
+from hakafka.consumer import Decoder, OffsetReset, ShardAssignment
 from hakafka.consumer.messages import KafkaMessage
 from hakafka.coordination import Checkpoint, PendingIntent
 from hakafka.pipeline.blockplan import PlannedBlock
@@ -144,6 +144,15 @@ class OffsetsMirror(Protocol):
     def close(self) -> None: ...
 
 
+class LaneConsumerFactory(Protocol):
+    """Makes a lane's consumer of `assignment`, calling `on_reset` for each offset reset (the
+    lane forwards it: the counters live in the daemon)."""
+
+    def __call__(
+        self, assignment: ShardAssignment, *, on_reset: Callable[[OffsetReset], None]
+    ) -> Consumer: ...
+
+
 @dataclass(frozen=True)
 class LaneParts:
     """How each lane process of a pipeline makes its consumer (of the lane's part of the
@@ -151,7 +160,7 @@ class LaneParts:
     partition). Pickled to the processes, so both are picklable callables (a
     `functools.partial` of module-level names)."""
 
-    consumer: Callable[[ShardAssignment], Consumer]
+    consumer: LaneConsumerFactory
     decoder: Callable[[], Decoder]
     count: int
 

@@ -133,6 +133,16 @@ def test_every_command_on_a_two_node_cluster(
         assert p["pipeline"] == "events" and p["state"] == "consuming"
         assert p["node"] == leaders[shard]
         assert p["lag"] == {str(q): 0 for q in range(shard, PARTITIONS, 2)}
+        # Each lane read every row of its partitions in this term (the produce came after
+        # the failovers); a lane's rate is over its last 10 s.
+        mine = list(range(shard, PARTITIONS, 2))
+        assert [(lane["lane"], lane["partitions"]) for lane in p["lanes"]] == [
+            (0, mine[0::2]),
+            (1, mine[1::2]),
+        ]
+        for lane in p["lanes"]:
+            read = sum(1 for q, _ in produced.good if q in lane["partitions"])
+            assert lane["rows"] == read and lane["rows_per_s"] >= 0, lane
         assert p["buffer_bytes"] > 0
         assert p["last_flush_at"] is None and p["pending_block"] is None
     assert sum(p["buffer_rows"] for p in pipelines.values()) == 20_000
@@ -149,6 +159,10 @@ def test_every_command_on_a_two_node_cluster(
         assert needed in text.out
     # Shard 0 owns the even partitions; two lanes take every other one of them.
     assert "0 (p0=0 p4=0 | p2=0 p6=0)" in text.out
+    # And a table of the lanes: shard 1's second lane reads partitions 3 and 7.
+    assert "LANE  PARTITIONS" in text.out
+    lane_rows = [line.split() for line in text.out.splitlines() if "p3 p7" in line]
+    assert len(lane_rows) == 1 and lane_rows[0][:5] == ["1", "events", "1", "p3", "p7"], lane_rows
 
     # query: routed to each shard's leader via ZooKeeper.
     counts = hakafka("query", "--config", config, "--json", "SELECT count(*) AS n FROM events")

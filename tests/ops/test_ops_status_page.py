@@ -173,7 +173,10 @@ def test_status_page_in_a_headless_browser(
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    cluster: LocalCluster = make_cluster({"n1": [0, 1], "n2": [0, 1]}, server={"token": TOKEN})
+    # Two lanes: each shard's two partitions are read by a lane apiece.
+    cluster: LocalCluster = make_cluster(
+        {"n1": [0, 1], "n2": [0, 1]}, server={"token": TOKEN}, lanes=2
+    )
     cluster.start()
     leaders = cluster.wait_leaders([0, 1])
     name = leaders[0]
@@ -238,6 +241,15 @@ def test_status_page_in_a_headless_browser(
         partitions = {int(p) for p in reported["positions"]}
         assert partitions == {p for p in range(PARTITIONS) if p % 2 == shard}
         assert "of 1.0 GiB" in box.content  # the fill against buffer.limit_bytes
+        # The lanes: a partition's rank among the shard's, modulo 2; every row of the term.
+        (lanes,) = dom.find("table", box, **{"class": "lanes"})
+        shown = [[td.content for td in dom.find("td", tr)] for tr in dom.find("tr", lanes)]
+        shown = [row for row in shown if row]  # not the header's
+        mine = sorted(partitions)
+        assert [row[:2] for row in shown] == [["0", f"p{mine[0]}"], ["1", f"p{mine[1]}"]]
+        for row, partition in zip(shown, mine, strict=True):
+            read = sum(1 for p, _ in produced.good if p == partition)
+            assert (row[3], row[4]) == (str(read), "0"), row
 
     lag = dom.by_id("lag-chart")
     rate = dom.by_id("rate-chart")

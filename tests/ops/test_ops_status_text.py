@@ -45,3 +45,29 @@ def test_operator_state_with_a_deadline_says_when_it_ends_by_itself() -> None:
     assert "paused by ops@h since " in row and "(5s ago): offsets set --to-latest by ops@h" in row
     assert row.endswith("; the leader resumes it at " + row.split("resumes it at ")[1])
     assert "(in 65s) unless that ends it first" in row
+
+
+def test_a_pipeline_read_with_several_lanes_gets_a_row_per_lane() -> None:
+    def lane(i: int, partitions: list[int], rows: int, rate: float) -> dict[str, object]:
+        return {"lane": i, "partitions": partitions, "rows": rows, "rows_per_s": rate}
+
+    pipeline = {"shard": 0, "node": "n1", "pipeline": "events", "state": "consuming",
+                "error": None, "lag": {0: 700, 1: 500, 2: 0, 3: 5}}  # fmt: skip
+    status = {
+        "shards": [],
+        "pipelines": [
+            {**pipeline, "lanes": [lane(0, [0, 2], 12_000, 1234.6), lane(1, [1, 3], 900, 0.0)]},
+            {**pipeline, "shard": 1, "lanes": [lane(0, [0, 1, 2, 3], 5, 1.0)]},
+        ],
+        "nodes": [],
+    }
+    lines = render(status).splitlines()
+    header = lines.index("SHARD  PIPELINE  LANE  PARTITIONS  ROWS/S  ROWS (TERM)  LAG")
+    # One lane has no table of its own: only shard 0's two lanes are listed.
+    assert [line.split() for line in lines[header + 1 : header + 3]] == [
+        ["0", "events", "0", "p0", "p2", "1,235", "12000", "700"],
+        ["0", "events", "1", "p1", "p3", "0", "900", "505"],
+    ]
+    assert lines[header + 3] == ""
+    (row,) = [line for line in lines if line.split()[:2] == ["0", "events"] and "|" in line]
+    assert "1205 (p0=700 p2=0 | p1=500 p3=5)" in row

@@ -22,7 +22,14 @@ from buffer import Catalog, OffsetRange
 from chlib.replicas import Replica
 from devstack.process import wait_until
 from hakafka.config import Config, PipelineConfig, parse_config
-from hakafka.consumer import DecodeOptions, Decoder, PipelineSchema, ShardAssignment, make_decoder
+from hakafka.consumer import (
+    DecodeOptions,
+    Decoder,
+    OffsetReset,
+    PipelineSchema,
+    ShardAssignment,
+    make_decoder,
+)
 from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError, PendingIntent
@@ -142,9 +149,12 @@ class FakeConsumer:
         delay: float = 0.0,
         log_starts: Mapping[int, int] | None = None,
         assignment: ShardAssignment | None = None,
+        *,
+        on_reset: Callable[[OffsetReset], None] | None = None,
     ) -> None:
         self.topic = topic
         self.assignment = assignment
+        self.on_reset = on_reset
         self.batch = batch
         self.delay = delay
         self.log_starts = dict(log_starts or {})
@@ -173,6 +183,9 @@ class FakeConsumer:
             for p in self.owned_partitions()
         }
         self.assigned_from = dict(self.next)
+        for p, offset in start_offsets.items():
+            if self.on_reset is not None and offset < self.next.get(p, offset):
+                self.on_reset(OffsetReset(TOPIC, p, offset, self.next[p], self.topic.ends[p]))
         return sorted(self.next)
 
     def consume(self, num_messages: int, timeout: float) -> Sequence[Message]:
@@ -232,24 +245,38 @@ def filled_topic(partitions: int, count: int) -> Topic:
     return topic
 
 
-def lane_consumer(
-    partitions: int, count: int, late: float, assignment: ShardAssignment
-) -> FakeConsumer:
-    """A lane process's consumer of `assignment`'s part of `filled_topic(partitions, count)`
-    (made again in the process: confluent-kafka's Messages do not pickle); the last lane's
-    comes `late` seconds late, so the others read meanwhile."""
-    if assignment.lane == assignment.lanes - 1:
-        time.sleep(late)
-    return FakeConsumer(filled_topic(partitions, count), assignment=assignment)
+@dataclass(frozen=True)
+class LaneTopic:
+    """Each lane process's consumer of its part of `filled_topic(partitions, count)` (made
+    again in the process: confluent-kafka's Messages do not pickle): the last lane's comes
+    `late` seconds late, so the others read meanwhile; the first lane's polls take `slow`
+    seconds each; retention left each partition's log at `log_start` (an earlier start
+    resets to it, through `on_reset`)."""
+
+    partitions: int
+    count: int
+    late: float = 0.0
+    slow: float = 0.0
+    log_start: int = 0
+
+    def __call__(
+        self, assignment: ShardAssignment, *, on_reset: Callable[[OffsetReset], None]
+    ) -> FakeConsumer:
+        if assignment.lane == assignment.lanes - 1:
+            time.sleep(self.late)
+        return FakeConsumer(
+            filled_topic(self.partitions, self.count),
+            delay=self.slow if assignment.lane == 0 else 0.0,
+            log_starts=dict.fromkeys(range(self.partitions), self.log_start),
+            assignment=assignment,
+            on_reset=on_reset,
+        )
 
 
-def lane_parts(
-    config: Config, partitions: int, count: int, lanes: int, late: float = 0.0
-) -> LaneParts:
-    """`lanes` lane processes over `filled_topic(partitions, count)` for `config`'s first
-    pipeline, the last one ready `late` seconds after the others."""
+def lane_parts(config: Config, topic: LaneTopic, lanes: int) -> LaneParts:
+    """`lanes` lane processes reading `topic` for `config`'s first pipeline."""
     return LaneParts(
-        consumer=functools.partial(lane_consumer, partitions, count, late),
+        consumer=topic,
         decoder=functools.partial(decoder_for, config.pipelines[0]),
         count=lanes,
     )
