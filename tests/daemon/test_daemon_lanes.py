@@ -7,13 +7,13 @@ stand-in client: the dev stack's broker, tansu, does not support CreatePartition
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-import pytest
-
 from devstack.cluster import StackEndpoints
-from devstack.records import create_topic
+from devstack.records import Produced, create_topic
 from devstack.records import produce as produce_records
+from tests.commands import edit
 from tests.helpers.landing import assert_exactly_once, landed
 from tests.helpers.logs import log_events
 from tests.helpers.waiting import wait_for
@@ -22,35 +22,57 @@ PARTITIONS = 6
 SHARD = [0]
 
 
+def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> Produced:
+    return produce_records(bootstrap, topic, count, partitions=PARTITIONS, start=start)
+
+
 def lanes_started(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == "lanes.started"]
 
 
-# Two lanes are the chaos run's (kills, partitions, a reshard: tests/chaos) and the CLI
-# cluster test's; the other cluster tests read with one (`make_cluster`'s default) to keep
-# the suite's time.
-@pytest.mark.parametrize("lanes", [3])
-def test_lanes_deliver_exactly_once_through_a_leader_killed_between_insert_and_checkpoint(
-    lanes: int, make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+# The other cluster tests read with one lane (`make_cluster`'s default) to keep the suite's
+# time; the chaos run reads with two (kills, partitions, a reshard: tests/chaos), the
+# reshard test's old leader with three.
+def test_two_and_three_lanes_are_exactly_once_through_kills_between_insert_and_checkpoint(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    produced = produce_records(stack.kafka, topic, 30_000, partitions=PARTITIONS)
-    cluster = make_cluster({"n1": SHARD, "n2": SHARD}, shard_count=1, lanes=lanes)
+    produced = produce(stack.kafka, topic, 30_000)
+    cluster = make_cluster({"n1": SHARD, "n2": SHARD}, shard_count=1, lanes=3)
     n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    edit(n2.config_path, r"^lanes = 3$", "lanes = 2")  # lanes are per node
     n1.start(env={"HAKAFKA_CRASH_AT": "flush.after_insert:2"})
     n1.wait_up()
     wait_for(lambda: landed(ch_client, "events") > 0, 120, "n1's first block")
-    # The second block dies between its insert and its checkpoint.
-    more = produce_records(stack.kafka, topic, 6_000, partitions=PARTITIONS, start=30_000)
+    # n1's second block dies between its insert and its checkpoint.
+    batches = [
+        produced,
+        produce_records(stack.kafka, topic, 6_000, partitions=PARTITIONS, start=30_000),
+    ]
     wait_for(lambda: not n1.alive(), 120, "n1 to die between insert and checkpoint")
-    started = lanes_started(log_events(n1.log_path))
-    assert started and started[0]["lanes"] == lanes, started
-    n2.start()
+    assert [e["lanes"] for e in lanes_started(log_events(n1.log_path))] == [3]
+    # n2 re-flushes n1's block (adding nothing), reads on with two lanes and dies the same
+    # way at its second insert: more rows until it has.
+    n2.start(env={"HAKAFKA_CRASH_AT": "flush.after_insert:2"})
     n2.wait_up()
-    # n1's last block is in ClickHouse already: n2 re-flushes it (adding nothing) and reads on.
-    last = produce_records(stack.kafka, topic, 6_000, partitions=PARTITIONS, start=36_000)
-    expected = produced.good | more.good | last.good
+    for chunk in range(8):
+        if not n2.alive():
+            break
+        start = 36_000 + chunk * 3_000
+        batches.append(
+            produce_records(stack.kafka, topic, 3_000, partitions=PARTITIONS, start=start)
+        )
+        deadline = time.monotonic() + 10.0
+        while n2.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert not n2.alive(), "n2 never reached its second insert"
+    assert [e["lanes"] for e in lanes_started(log_events(n2.log_path))] == [2]
+    # n1 again, three lanes, no crash: it re-flushes n2's block and reads the rest.
+    n1.start()
+    n1.wait_up()
+    batches.append(produce(stack.kafka, topic, 6_000, start=70_000))
+    expected = set().union(*(b.good for b in batches))
     wait_for(lambda: landed(ch_client, "events") >= len(expected), 180, "every row")
     assert_exactly_once(ch_client, "events", expected)
-    assert lanes_started(log_events(n2.log_path))[0]["lanes"] == lanes
+    assert [e["lanes"] for e in lanes_started(log_events(n1.log_path))] == [3, 3]

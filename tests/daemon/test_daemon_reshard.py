@@ -1,6 +1,7 @@
 """`hakafka reshard` from two shards to three while data flows: `hakafka run` processes on the
-real local stack. Every produced offset lands in ClickHouse exactly once, and no partition is
-read by two leaders (the old layout's leader stopped reading before the new one began)."""
+real local stack, the old layout's leader reading with three lanes per shard. Every produced
+offset lands in ClickHouse exactly once, and no partition is read by two leaders (the old
+layout's leader stopped reading before the new one began)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
         r"^(\[clickhouse\.replicas\.1\]\n(?:.+\n)+)",
         f'\\1\n[clickhouse.replicas.2]\nn2 = "{stack.clickhouse}"\n',
     )
+    # n1, which leads the old layout, reads each shard's three partitions with three lanes:
+    # its lanes drain for the reshard (n2 reads with one; lanes are per node).
+    edit(n1.config_path, r"^lanes = 1$", "lanes = 3")
     initialized = hakafka("init", "--config", str(n1.config_path))
     assert initialized.code == 0, initialized.err
     cluster.start()
@@ -100,6 +104,11 @@ def test_a_reshard_from_two_to_three_shards_under_load_is_exactly_once(
     ]
     n2_reads = [event_time(e["timestamp"]) for e in log_events(n2.log_path, ["consumer.assigned"])]
     assert n1_stopped and n2_reads
+    # n1 read with its lanes, and each lane logged its consumer's assignment.
+    n1_lanes = log_events(n1.log_path, ["lanes.started"])
+    assert n1_lanes and all(e["lanes"] == 3 for e in n1_lanes), n1_lanes
+    n1_assigned = log_events(n1.log_path, ["consumer.assigned"])
+    assert {e.get("lane") for e in n1_assigned} == {0, 1, 2}, n1_assigned
     assert max(n1_stopped) < min(n2_reads)
     assert min(n2_reads) > requested
     assert not [
