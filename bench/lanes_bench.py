@@ -12,6 +12,10 @@ Times and CPU count from the moment the pipeline consumes (its lanes started; th
 lane process's imports, is shown apart): CPU is this process's and its lane processes'
 (/proc, cpu_use.py); CPU per row compares the two lane counts, rows/s each to the raw
 consume.
+Then, per format, decoding alone (the backlog's values in memory, batches of 10,000, no
+Kafka and no WAL): one decoder in one thread, two in threads, two in processes, each of
+the two on half the messages: what CPython 3.11's GIL leaves threads, the choice behind
+lanes being processes.
 
 Run: PYTHONPATH=. .venv/bin/python bench/lanes_bench.py
 """
@@ -30,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +54,7 @@ from devstack.records import create_topic
 from devstack.schema_registry import SchemaRegistryService
 from hakafka.config import Config, parse_config
 from hakafka.consumer import Decoder, PartitionConsumer
+from hakafka.consumer.messages import MessageColumns
 from hakafka.coordination import Checkpoint, PendingIntent
 from hakafka.daemon.node import GC_THRESHOLDS
 from hakafka.metrics import Metrics
@@ -63,6 +69,7 @@ PARTITIONS = 8
 ROUNDS = 3
 TIMEOUT_S = 300.0
 MIB = 1 << 20
+DECODE_BATCH = 10_000
 
 
 class NullSink:
@@ -279,6 +286,91 @@ def measure(
     return medians
 
 
+def columns_of(values: list[bytes], topic: str) -> list[MessageColumns]:
+    """`values` as the consume lane hands them to its decoder: batches of DECODE_BATCH."""
+    chunks = []
+    for at in range(0, len(values), DECODE_BATCH):
+        part: list[bytes | None] = list(values[at : at + DECODE_BATCH])
+        n = len(part)
+        chunks.append(
+            MessageColumns(
+                [topic] * n, [0] * n, list(range(at, at + n)), [-1] * n, [None] * n, part
+            )
+        )
+    return chunks
+
+
+def decode_all(decoder: Decoder, chunks: list[MessageColumns]) -> int:
+    return sum(decoder.decode_columns(c).rows.num_rows for c in chunks)
+
+
+def _decode_process(
+    make: Callable[[], Decoder], values: list[bytes], topic: str, conn: Connection
+) -> None:
+    """A process decoding its `values` once told to go, sending back the rows."""
+    decoder, chunks = make(), columns_of(values, topic)
+    decode_all(decoder, chunks[:1])  # warm: imports done, a schema fetched
+    conn.send("ready")
+    conn.recv()
+    conn.send(decode_all(decoder, chunks))
+
+
+def decode_alone(make: Callable[[], Decoder], values: list[bytes], topic: str) -> None:
+    """Decoding alone (no Kafka, no WAL) of `values` with one decoder, two in threads and two
+    in processes, each side on half of the messages: what the GIL lets threads gain."""
+    halves = [values[0::2], values[1::2]]
+    rates: dict[str, float] = {}
+
+    one, chunks = make(), columns_of(values, topic)
+    decode_all(one, chunks[:1])
+    began = time.perf_counter()
+    assert decode_all(one, chunks) == len(values)
+    rates["1 thread"] = len(values) / (time.perf_counter() - began)
+
+    decoders = [make() for _ in halves]
+    parts = [columns_of(h, topic) for h in halves]
+    for decoder, part in zip(decoders, parts, strict=True):
+        decode_all(decoder, part[:1])
+    threads = [
+        threading.Thread(target=decode_all, args=(decoder, part))
+        for decoder, part in zip(decoders, parts, strict=True)
+    ]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rates["2 threads"] = len(values) / (time.perf_counter() - began)
+
+    spawn = multiprocessing.get_context("spawn")
+    pipes = [spawn.Pipe() for _ in halves]
+    processes = [
+        spawn.Process(target=_decode_process, args=(make, half, topic, theirs))
+        for half, (_, theirs) in zip(halves, pipes, strict=True)
+    ]
+    for process in processes:
+        process.start()
+    for ours, _ in pipes:
+        if not ours.poll(TIMEOUT_S):
+            raise RuntimeError("a decode process never got ready")
+        ours.recv()
+    began = time.perf_counter()
+    for ours, _ in pipes:
+        ours.send("go")
+    decoded = sum(ours.recv() for ours, _ in pipes)
+    rates["2 processes"] = len(values) / (time.perf_counter() - began)
+    for process in processes:
+        process.join(10)
+    assert decoded == len(values)
+    base = rates["1 thread"]
+    print(
+        "  decode alone: "
+        + ", ".join(
+            f"{name} {rate:,.0f} rows/s ({rate / base:.2f}x)" for name, rate in rates.items()
+        )
+    )
+
+
 def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     gc.set_threshold(*GC_THRESHOLDS)
@@ -308,6 +400,11 @@ def main() -> None:
                 },
                 sum(map(len, values)),
             )
+            pipeline = config.pipelines[0]
+            make = functools.partial(
+                decoder_of, pipeline, pipeline_schema(pipeline), registry_of(config)
+            )
+            decode_alone(make, values, topic)
 
 
 if __name__ == "__main__":
