@@ -27,6 +27,26 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def addresses_in_use() -> list[str]:
+    """Every IPv4 address of this (the root) namespace's interfaces, a namespace left behind
+    by an interrupted run included: its veth pair's root end stays here."""
+    done = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10, check=False
+    )
+    return [line.split()[3].split("/")[0] for line in done.stdout.splitlines() if line.split()[3:]]
+
+
+def free_pair(used: Iterable[str], prefix: str = "10.213") -> tuple[str, str]:
+    """The two host addresses of the first /30 of `prefix`.0.0/16 with no address in `used`:
+    a leftover namespace on one /30 then cannot shadow the next run's."""
+    taken = set(used)
+    for start in range(0, 1 << 16, 4):
+        block = [f"{prefix}.{(start + i) >> 8}.{(start + i) & 255}" for i in range(4)]
+        if taken.isdisjoint(block):
+            return block[1], block[2]
+    raise DevstackError(f"no free /30 left in {prefix}.0.0/16")
+
+
 def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
     if done.returncode != 0:
@@ -35,7 +55,8 @@ def _ip(*args: str) -> None:
 
 class NetworkNamespace:
     """A network namespace joined to the root one by a veth pair (`root_addr`/30 on our side,
-    `ns_addr` inside), with TCP forwarders so that a daemon inside reaches the services on
+    `ns_addr` inside: by default the first /30 of 10.213.0.0/16 not in use), with TCP
+    forwarders so that a daemon inside reaches the services on
     127.0.0.1 of the root namespace, and the tests reach its admin port, at the same
     addresses as everywhere else. `cut` takes the veth link down: nothing gets through either
     way until `heal`. Only the loopback addresses and this veth pair ever carry traffic."""
@@ -45,12 +66,11 @@ class NetworkNamespace:
         name: str,
         root: Path,
         *,
-        root_addr: str = "10.213.0.1",
-        ns_addr: str = "10.213.0.2",
+        addresses: tuple[str, str] | None = None,
     ) -> None:
         self.name = paths.check_name("namespace", name)
         self.root = root
-        self.root_addr, self.ns_addr = root_addr, ns_addr
+        self.root_addr, self.ns_addr = addresses or free_pair(addresses_in_use())
         self.veth_root, self.veth_ns = f"{name[:13]}a", f"{name[:13]}b"
         self.forwarders: list[TcpForwarder] = []
         self._created = False
