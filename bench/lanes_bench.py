@@ -305,47 +305,51 @@ def decode_all(decoder: Decoder, chunks: list[MessageColumns]) -> int:
 
 
 def _decode_process(
-    make: Callable[[], Decoder], values: list[bytes], topic: str, conn: Connection
+    make: Callable[[], Decoder],
+    values: list[bytes],
+    topic: str,
+    gc_thresholds: tuple[int, ...],
+    conn: Connection,
 ) -> None:
-    """A process decoding its `values` once told to go, sending back the rows."""
+    """A process decoding its `values` each time it is told to go, sending back the rows;
+    with the daemon's collector thresholds, as a lane process has."""
+    gc.set_threshold(*gc_thresholds)
     decoder, chunks = make(), columns_of(values, topic)
     decode_all(decoder, chunks[:1])  # warm: imports done, a schema fetched
     conn.send("ready")
-    conn.recv()
-    conn.send(decode_all(decoder, chunks))
+    while conn.recv() == "go":
+        conn.send(decode_all(decoder, chunks))
 
 
-def decode_alone(make: Callable[[], Decoder], values: list[bytes], topic: str) -> None:
-    """Decoding alone (no Kafka, no WAL) of `values` with one decoder, two in threads and two
-    in processes, each side on half of the messages: what the GIL lets threads gain."""
-    halves = [values[0::2], values[1::2]]
-    rates: dict[str, float] = {}
+def _in_threads(decoders: list[Decoder], parts: list[list[MessageColumns]]) -> int:
+    """Each decoder on its part in a thread of its own; the rows they decoded."""
+    counts = [0] * len(decoders)
 
-    one, chunks = make(), columns_of(values, topic)
-    decode_all(one, chunks[:1])
-    began = time.perf_counter()
-    assert decode_all(one, chunks) == len(values)
-    rates["1 thread"] = len(values) / (time.perf_counter() - began)
+    def run(i: int) -> None:
+        counts[i] = decode_all(decoders[i], parts[i])
 
-    decoders = [make() for _ in halves]
-    parts = [columns_of(h, topic) for h in halves]
-    for decoder, part in zip(decoders, parts, strict=True):
-        decode_all(decoder, part[:1])
-    threads = [
-        threading.Thread(target=decode_all, args=(decoder, part))
-        for decoder, part in zip(decoders, parts, strict=True)
-    ]
-    began = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(decoders))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    rates["2 threads"] = len(values) / (time.perf_counter() - began)
+    return sum(counts)
 
+
+def decode_alone(make: Callable[[], Decoder], values: list[bytes], topic: str) -> None:
+    """Decoding alone (no Kafka, no WAL) of `values` with one decoder, two in threads and two
+    in processes, each of the two on half of the messages, ROUNDS times alternating (the
+    medians shown): what the GIL lets threads gain."""
+    halves = [values[0::2], values[1::2]]
+    one, chunks = make(), columns_of(values, topic)
+    decoders = [make() for _ in halves]
+    parts = [columns_of(h, topic) for h in halves]
+    for decoder, part in [(one, chunks), *zip(decoders, parts, strict=True)]:
+        decode_all(decoder, part[:1])
     spawn = multiprocessing.get_context("spawn")
     pipes = [spawn.Pipe() for _ in halves]
     processes = [
-        spawn.Process(target=_decode_process, args=(make, half, topic, theirs))
+        spawn.Process(target=_decode_process, args=(make, half, topic, gc.get_threshold(), theirs))
         for half, (_, theirs) in zip(halves, pipes, strict=True)
     ]
     for process in processes:
@@ -354,21 +358,33 @@ def decode_alone(make: Callable[[], Decoder], values: list[bytes], topic: str) -
         if not ours.poll(TIMEOUT_S):
             raise RuntimeError("a decode process never got ready")
         ours.recv()
-    began = time.perf_counter()
+
+    def in_processes() -> int:
+        for ours, _ in pipes:
+            ours.send("go")
+        return sum(ours.recv() for ours, _ in pipes)
+
+    runs: dict[str, Callable[[], int]] = {
+        "1 thread": functools.partial(decode_all, one, chunks),
+        "2 threads": functools.partial(_in_threads, decoders, parts),
+        "2 processes": in_processes,
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            decoded = run()
+            seconds[name].append(time.perf_counter() - began)
+            if decoded != len(values):
+                raise RuntimeError(f"{name}: {decoded} rows of {len(values)}")
     for ours, _ in pipes:
-        ours.send("go")
-    decoded = sum(ours.recv() for ours, _ in pipes)
-    rates["2 processes"] = len(values) / (time.perf_counter() - began)
+        ours.send("stop")
     for process in processes:
         process.join(10)
-    assert decoded == len(values)
+    rates = {name: len(values) / statistics.median(s) for name, s in seconds.items()}
     base = rates["1 thread"]
-    print(
-        "  decode alone: "
-        + ", ".join(
-            f"{name} {rate:,.0f} rows/s ({rate / base:.2f}x)" for name, rate in rates.items()
-        )
-    )
+    shown = [f"{name} {rate:,.0f} rows/s ({rate / base:.2f}x)" for name, rate in rates.items()]
+    print("  decode alone: " + ", ".join(shown))
 
 
 def main() -> None:

@@ -69,9 +69,9 @@ def test_a_spinning_thread_is_counted_as_a_busiest_thread_or_as_librdkafka(
         assert got.rdkafka == 0.0, got
     assert got.cores >= counted
     # The machine's ticks (/proc/stat) and a thread's (/proc/<pid>/task) are kept apart by
-    # the kernel and read a moment apart: they agree within the same bound as above, not
-    # to the tick (a run saw busy 1.0 against 1.056 for the spinner alone).
-    assert use.busy >= counted - (0.05 + 0.2 * counted), use
+    # the kernel and read a moment apart: they agree within a few ticks, not to the tick (a
+    # run saw busy 1.0 against 1.056 for the spinner alone).
+    assert use.busy >= counted - (0.1 + 0.05 * counted), use
     assert use.seconds >= WINDOW_S
     assert use.cores == os.cpu_count()
 

@@ -227,30 +227,27 @@ def lag_by_lane(lag: dict[int, int] | None, lanes: list[list[int]]) -> str | Non
 
 def lanes_table(pipelines: list[dict[str, Any]]) -> str | None:
     """One row per consume lane of every pipeline read with more than one (None when none
-    is): its partitions, recent rows/s, rows this term and lag."""
+    is): its partitions, recent rows/s, rows since the pipeline started reading, and lag."""
     rows = []
     for p in pipelines:
-        lanes, lag = p.get("lanes") or [], p.get("lag") or {}
+        lanes = p.get("lanes") or []
         if len(lanes) < 2:
             continue
-        for lane in lanes:
-            parts = lane["partitions"]
-            rows.append(
-                [
-                    p["shard"],
-                    p["pipeline"],
-                    lane["lane"],
-                    " ".join(f"p{k}" for k in parts),
-                    f"{lane['rows_per_s']:,.0f}",
-                    lane["rows"],
-                    sum(lag.get(k, 0) for k in parts),
-                ]
-            )
+        rows += [
+            [
+                p["shard"],
+                p["pipeline"],
+                lane["lane"],
+                " ".join(f"p{k}" for k in lane["partitions"]),
+                f"{lane['rows_per_s']:,.0f}",
+                lane["rows"],
+                lane["lag"],
+            ]
+            for lane in lanes
+        ]
     if not rows:
         return None
-    return format_table(
-        ["SHARD", "PIPELINE", "LANE", "PARTITIONS", "ROWS/S", "ROWS (TERM)", "LAG"], rows
-    )
+    return format_table(["SHARD", "PIPELINE", "LANE", "PARTITIONS", "ROWS/S", "ROWS", "LAG"], rows)
 
 
 def _yes_no(value: object) -> str | None:

@@ -275,8 +275,8 @@ class PipelineLeader:
 
     def lanes(self) -> list[LaneView]:
         """Each consume lane: the partitions it reads (as of the last poll; [] before), the
-        rows it stored this term and its recent rows/s."""
-        return self._consume.rates.views(list(self._consume.lanes))
+        rows it stored since the pipeline started reading, its recent rows/s and its lag."""
+        return self._consume.rates.views(list(self._consume.lanes), dict(self._consume.lag))
 
     # -- pipeline thread: recovery then consumption ----------------------------------------
 
@@ -334,6 +334,8 @@ class PipelineLeader:
             dataclasses.replace(lanes, count=count), self.assignment, self._context
         )
         self._consume.source = source  # closed with the lane, even if a start fails
+        # The lanes read while the others start: their rows count from here.
+        self._consume.rates.sample()
         source.start(starts)
 
     def _owned_count(self, consumer: Consumer, lanes: LaneParts) -> int:

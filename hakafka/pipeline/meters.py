@@ -16,6 +16,7 @@ class PipelineMeters:
         self._shard = shard
         self._on_error = on_error
         self._labels = {"pipeline": pipeline, "shard": str(shard)}
+        self._count_reset = metrics.consumer.resets_of(pipeline, shard)
 
     def consumed(
         self,
@@ -27,7 +28,7 @@ class PipelineMeters:
         wal_bytes: int,
         wal_seconds: float,
         synced: bool,
-        lane: int = 0,
+        lane: int,
     ) -> None:
         """One consumed batch read by `lane` (`rows` decoded, `bad` messages of which
         `dead_letters` went to the dead-letter table), appended to the WAL (and synced if
@@ -48,7 +49,7 @@ class PipelineMeters:
     def offset_reset(self, reset: OffsetReset) -> None:
         """A lane's consumer reset `reset.partition`'s offset (a lane process has no
         counters of its own; with one lane the consumer counts it itself)."""
-        self._m.consumer.resets_of(self._pipeline, self._shard)(reset)
+        self._count_reset(reset)
 
     def offset_gap(self, partition: int, offsets: int) -> None:
         """`offsets` offsets of `partition` came without a message."""

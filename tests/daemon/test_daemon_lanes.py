@@ -46,10 +46,7 @@ def test_two_and_three_lanes_are_exactly_once_through_kills_between_insert_and_c
     n1.wait_up()
     wait_for(lambda: landed(ch_client, "events") > 0, 120, "n1's first block")
     # n1's second block dies between its insert and its checkpoint.
-    batches = [
-        produced,
-        produce_records(stack.kafka, topic, 6_000, partitions=PARTITIONS, start=30_000),
-    ]
+    batches = [produced, produce(stack.kafka, topic, 6_000, start=30_000)]
     wait_for(lambda: not n1.alive(), 120, "n1 to die between insert and checkpoint")
     assert [e["lanes"] for e in lanes_started(log_events(n1.log_path))] == [3]
     # n2 re-flushes n1's block (adding nothing), reads on with two lanes and dies the same
@@ -60,9 +57,7 @@ def test_two_and_three_lanes_are_exactly_once_through_kills_between_insert_and_c
         if not n2.alive():
             break
         start = 36_000 + chunk * 3_000
-        batches.append(
-            produce_records(stack.kafka, topic, 3_000, partitions=PARTITIONS, start=start)
-        )
+        batches.append(produce(stack.kafka, topic, 3_000, start=start))
         deadline = time.monotonic() + 10.0
         while n2.alive() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -48,11 +48,15 @@ def test_operator_state_with_a_deadline_says_when_it_ends_by_itself() -> None:
 
 
 def test_a_pipeline_read_with_several_lanes_gets_a_row_per_lane() -> None:
+    lag = {0: 700, 1: 500, 2: 0, 3: 5}
+
     def lane(i: int, partitions: list[int], rows: int, rate: float) -> dict[str, object]:
-        return {"lane": i, "partitions": partitions, "rows": rows, "rows_per_s": rate}
+        behind = sum(lag[p] for p in partitions)
+        return {"lane": i, "partitions": partitions, "rows": rows, "rows_per_s": rate,
+                "lag": behind}  # fmt: skip
 
     pipeline = {"shard": 0, "node": "n1", "pipeline": "events", "state": "consuming",
-                "error": None, "lag": {0: 700, 1: 500, 2: 0, 3: 5}}  # fmt: skip
+                "error": None, "lag": lag}  # fmt: skip
     status = {
         "shards": [],
         "pipelines": [
@@ -62,7 +66,7 @@ def test_a_pipeline_read_with_several_lanes_gets_a_row_per_lane() -> None:
         "nodes": [],
     }
     lines = render(status).splitlines()
-    header = lines.index("SHARD  PIPELINE  LANE  PARTITIONS  ROWS/S  ROWS (TERM)  LAG")
+    header = lines.index("SHARD  PIPELINE  LANE  PARTITIONS  ROWS/S  ROWS   LAG")
     # One lane has no table of its own: only shard 0's two lanes are listed.
     assert [line.split() for line in lines[header + 1 : header + 3]] == [
         ["0", "events", "0", "p0", "p2", "1,235", "12000", "700"],

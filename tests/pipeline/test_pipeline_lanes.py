@@ -89,8 +89,8 @@ def test_a_slow_lane_holds_back_neither_the_fast_lanes_flushes_nor_its_own(
     wait_for(lambda: checkpointed(slow) == [COUNT, COUNT], "the slow lane's rows flushed", 60.0)
     wait_for(lambda: leader.buffer.rows.row_count == 0, "the buffer to empty")
     assert h.sink.offsets() == every_offset()
-    rates = {v.lane: v.rows for v in leader.lanes()}
-    assert rates == {0: 2 * COUNT, 1: 2 * COUNT}
+    read = {v.lane: v.rows for v in leader.lanes()}
+    assert read == {0: 2 * COUNT, 1: 2 * COUNT}
 
 
 def test_offset_resets_in_lane_processes_are_counted(
@@ -122,21 +122,26 @@ def test_lane_rates_follow_the_last_ten_seconds() -> None:
     rates.stored(1, 50)
     rates.sample(now=1.0)
     rates.stored(0, 1_000)
-    # 2,000 rows in the 2 s since the first sample; the view lists lanes without rows too.
-    views = rates.views([[0, 2], [1, 3], [4]], now=2.0)
-    assert [(v.lane, v.partitions, v.rows, v.rows_per_s) for v in views] == [
-        (0, [0, 2], 2_000, 1_000.0),
-        (1, [1, 3], 50, 25.0),
-        (2, [4], 0, 0.0),
+    # 2,000 rows in the 2 s since the first sample; a lane's lag is its partitions' (unknown
+    # while one of them has none); the view lists lanes without rows too.
+    lag = {0: 5, 2: 7, 1: 0, 3: 1}
+    views = rates.views([[0, 2], [1, 3], [4]], lag, now=2.0)
+    assert [(v.lane, v.partitions, v.rows, v.rows_per_s, v.lag) for v in views] == [
+        (0, [0, 2], 2_000, 1_000.0, 12),
+        (1, [1, 3], 50, 25.0, 1),
+        (2, [4], 0, 0.0, None),
     ]
     # A lane held (no sample, no rows) falls toward 0: the rate runs from the last sample
     # a window old (t = 1) to now.
-    later = rates.views([[0, 2], [1, 3]], now=41.0)
+    later = rates.views([[0, 2], [1, 3]], lag, now=41.0)
     assert [v.rows_per_s for v in later] == [1_000 / 40, 0.0]
-    for t in range(2, 30):
+    # Reading on at 100 rows/s for lane 0: samples older than the window are dropped but
+    # one, so the rate is over the last 10 s only and the samples stay bounded.
+    for t in range(50, 80):
+        rates.stored(0, 100)
         rates.sample(now=float(t))
-    # Samples older than the window are dropped but one: the rate is over the last 10 s.
-    assert [v.rows_per_s for v in rates.views([[0], [1]], now=30.0)] == [0.0, 0.0]
+    assert [v.rows_per_s for v in rates.views([[0], [1]], lag, now=79.0)] == [100.0, 0.0]
+    assert len(rates._samples) <= 12
 
 
 def test_a_lane_that_raises_fails_the_term_and_the_next_delivers_the_rest_once(
