@@ -39,20 +39,28 @@ def test_two_and_three_lanes_are_exactly_once_through_kills_between_insert_and_c
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
     produced = produce(stack.kafka, topic, 30_000)
-    cluster = make_cluster({"n1": SHARD, "n2": SHARD}, shard_count=1, lanes=3)
+    # Followers keep Spark warm: each new leader flushes at once, not after a Spark start.
+    cluster = make_cluster(
+        {"n1": SHARD, "n2": SHARD}, shard_count=1, lanes=3, spark_on_followers=True
+    )
     n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
     edit(n2.config_path, r"^lanes = 3$", "lanes = 2")  # lanes are per node
-    n1.start(env={"HAKAFKA_CRASH_AT": "flush.after_insert:2"})
+    crash = {"HAKAFKA_CRASH_AT": "flush.after_insert:2"}
+    n1.start(env=crash)
     n1.wait_up()
+    assert cluster.wait_leaders([0]) == {0: "n1"}
+    n2.start(env=crash)  # it dies the same way once it leads
+    n2.wait_up()
     wait_for(lambda: landed(ch_client, "events") > 0, 120, "n1's first block")
     # n1's second block dies between its insert and its checkpoint.
     batches = [produced, produce(stack.kafka, topic, 6_000, start=30_000)]
     wait_for(lambda: not n1.alive(), 120, "n1 to die between insert and checkpoint")
     assert [e["lanes"] for e in lanes_started(log_events(n1.log_path))] == [3]
-    # n2 re-flushes n1's block (adding nothing), reads on with two lanes and dies the same
-    # way at its second insert: more rows until it has.
-    n2.start(env={"HAKAFKA_CRASH_AT": "flush.after_insert:2"})
-    n2.wait_up()
+    # n1 again, no crash planned: it follows n2 and leads once n2 dies.
+    n1.start()
+    n1.wait_up()
+    # n2 re-flushes n1's block (adding nothing), reads on with two lanes and dies at its
+    # second insert: more rows until it has.
     for chunk in range(8):
         if not n2.alive():
             break
@@ -63,9 +71,7 @@ def test_two_and_three_lanes_are_exactly_once_through_kills_between_insert_and_c
             time.sleep(0.2)
     assert not n2.alive(), "n2 never reached its second insert"
     assert [e["lanes"] for e in lanes_started(log_events(n2.log_path))] == [2]
-    # n1 again, three lanes, no crash: it re-flushes n2's block and reads the rest.
-    n1.start()
-    n1.wait_up()
+    # n1, three lanes again, re-flushes n2's block and reads the rest.
     batches.append(produce(stack.kafka, topic, 6_000, start=70_000))
     expected = set().union(*(b.good for b in batches))
     wait_for(lambda: landed(ch_client, "events") >= len(expected), 180, "every row")
