@@ -303,7 +303,7 @@ class ProcessLanes:
         self._log.info(
             "lanes.started",
             lanes=len(self._lanes),
-            pids=[lane.process.pid for lane in self._lanes],
+            pids=self.pids(),
         )
 
     def poll(self) -> list[LaneBatch]:

@@ -81,9 +81,7 @@ class LaneBatch:
     payload: bytes | pa.Buffer = b""
     message_bytes: int = 0
     encode_seconds: float = 0.0
-    good: int = 0
     bad: int = 0
-    counts: dict[tuple[str, int], int] = field(default_factory=dict)
     gaps: tuple[Gap, ...] = ()
     decoded: DecodedBatch | None = None
     lane: int = 0  # which of the pipeline's lanes read it
@@ -224,9 +222,7 @@ class LaneReader:
             payload,
             message_bytes=sum(map(len, messages)),
             encode_seconds=time.perf_counter() - began,
-            good=decoded.good,
             bad=decoded.bad,
-            counts=decoded.counts,
             gaps=gaps,
             decoded=decoded,
         )
