@@ -18,6 +18,7 @@ from pathlib import Path
 from buffer.limits import QueryLimits, ServerLimits
 from chlib.tables import Engine
 from hakafka.config.value_checks import (
+    LANES_AUTO,
     ca_file_problem,
     checked,
     host_problem,
@@ -216,8 +217,6 @@ class ColumnConfig:
     clickhouse_type: str
     path: str = ""
 
-
-LANES_AUTO = "auto"
 
 # `columns = "from_table"`: the columns are those of the existing table, read at start.
 COLUMNS_FROM_TABLE = "from_table"

@@ -44,8 +44,12 @@ def name_problem(value: str) -> str | None:
     )
 
 
+# `lanes = "auto"`: one lane per partition the shard owns, at most the cores and lanes_max.
+LANES_AUTO = "auto"
+
+
 def lanes_problem(value: int | str) -> str | None:
-    if value == "auto" or (isinstance(value, int) and value >= 1):
+    if value == LANES_AUTO or (isinstance(value, int) and value >= 1):
         return None
     return f'must be "auto" or a number of lanes >= 1, got {value!r}'
 
