@@ -25,6 +25,7 @@ from hakafka.coordination.records import (
     encode_checkpoint,
 )
 from hakafka.coordination.session import ZkSession
+from hakafka.coordination.writers import add_writer
 
 log = structlog.get_logger("hakafka.coordination")
 
@@ -154,6 +155,19 @@ class FencedState:
                 )
                 return
         raise CoordinationError(f"{path}: write_pending kept racing with itself; gave up")
+
+    def writer_number(self, pipeline: str, writer: str) -> int:
+        """`writer`'s number among `pipeline`'s push writers in this shard, numbered now if
+        it has none (a fenced write: FencedError once this term is over)."""
+        self._require_leading("writer_number")
+        return add_writer(
+            self._session,
+            self.shard,
+            pipeline,
+            writer,
+            fence=lambda txn: txn.check(paths.epoch(self.shard), self.token),
+            commit=lambda txn: self._commit(txn, paths.writers(self.shard, pipeline), "writer"),
+        )
 
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint:
         """Merge `offsets` into the checkpoint and delete the pending intent, atomically.

@@ -98,6 +98,12 @@ def pending(shard_id: int, name: str) -> str:
     return f"{pipeline(shard_id, name)}/pending"
 
 
+def writers(shard_id: int, name: str) -> str:
+    """The parent of the pipeline's push writers: `<writer>@<sequence>` children, whose
+    ZooKeeper sequence numbers the writer (`coordination/writers.py`)."""
+    return f"{pipeline(shard_id, name)}/writers"
+
+
 def paused_pipelines(shard_id: int) -> str:
     """The parent of a shard's pause flags."""
     return f"{shard(shard_id)}/paused"

@@ -134,6 +134,10 @@ class Fenced(Protocol):
 
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint: ...
 
+    def writer_number(self, pipeline: str, writer: str) -> int:
+        """The push writer's number in the shard (the same for every term)."""
+        ...
+
 
 class OffsetsMirror(Protocol):
     """Shows each committed checkpoint elsewhere, for visibility only (a Kafka consumer

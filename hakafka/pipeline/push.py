@@ -1,0 +1,248 @@
+"""Batches pushed into a pipeline by writers other than its Kafka consumer (the buffer as a
+write cache): their place in the pipeline's offset space, their check against its columns,
+and their way from a request thread to the pipeline thread and back as an acknowledgement.
+
+Offset space. Rows, WAL records, blocks, task plans and flush tokens name data by
+(partition, offset) alone. Kafka partitions are >= 0; a push writer is partition
+-(1 + its number) (`coordination/writers.py` keeps the numbers), and row i of its batch with
+sequence s is offset s * 2**SEQUENCE_BITS + i. So a pushed batch follows every step of the
+Kafka path (WAL, replay, plan, tokens, checkpoint) as it is; only where a topic is named
+(the pending intent and the checkpoint in ZooKeeper) do writers' partitions go under
+PUSH_TOPIC. A record's range starts where the writer's previous batch ended, as a Kafka
+record's starts at the consumer's previous position, so a writer's records are contiguous.
+
+Exactly once per writer: a writer has one batch in flight and its sequences increase; a
+batch whose first offset is below the writer's next one was applied already (a retry) and
+is not applied again. Acknowledged means flushed: a push is answered once a checkpoint
+covers it, so an acknowledged batch is in ClickHouse and no failover can lose it (until
+then it is in the leader's WAL and queryable in the buffer).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hakafka.consumer import PipelineSchema
+
+PUSH_TOPIC = "@push"  # never a Kafka topic's name: '@' is not allowed in one
+SEQUENCE_BITS = 20
+MAX_ROWS = 1 << SEQUENCE_BITS  # rows in one pushed batch
+MAX_SEQUENCE = (1 << (63 - SEQUENCE_BITS)) - 1
+
+V = TypeVar("V")
+
+
+def writer_partition(number: int) -> int:
+    """The partition of the writer numbered `number` (0, 1, ...): -1, -2, ..."""
+    return -1 - number
+
+
+def first_offset(sequence: int) -> int:
+    """The offset of the first row of a batch with `sequence`."""
+    return sequence << SEQUENCE_BITS
+
+
+def topic_of(partition: int, topic: str) -> str:
+    """Where `partition` is named: the pipeline's Kafka `topic`, or PUSH_TOPIC for a writer."""
+    return PUSH_TOPIC if partition < 0 else topic
+
+
+def by_topic(parts: Mapping[int, V], topic: str) -> dict[str, dict[int, V]]:
+    """`parts` grouped under their topics (the Kafka `topic`, PUSH_TOPIC), those with any."""
+    grouped: dict[str, dict[int, V]] = {}
+    for partition, value in parts.items():
+        grouped.setdefault(topic_of(partition, topic), {})[partition] = value
+    return grouped
+
+
+def kafka_only(parts: Mapping[int, V]) -> dict[int, V]:
+    """The Kafka partitions of `parts` (writers left out)."""
+    return {p: v for p, v in parts.items() if p >= 0}
+
+
+class PushError(ValueError):
+    """A pushed batch that does not fit the pipeline, refused whole (HTTP 400): the message
+    names the column, the row and why."""
+
+
+class PushRefused(Exception):
+    """A push the leader cannot take now (HTTP 429 or 503); `retry_after_s` says when to
+    try again."""
+
+    def __init__(self, message: str, *, status: int, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """A push acknowledged: `rows` applied, or 0 and `duplicate` when it was a retry of a
+    batch applied before; both flushed."""
+
+    rows: int
+    duplicate: bool
+
+
+@dataclass
+class PushRequest:
+    """One pushed batch on its way to the pipeline thread; `done` answers it."""
+
+    writer: str
+    partition: int
+    sequence: int
+    rows: pa.RecordBatch  # the pipeline's rows schema, meta columns set (`conform`)
+    done: Future[PushResult] = field(default_factory=Future)
+
+    @property
+    def first(self) -> int:
+        return first_offset(self.sequence)
+
+    @property
+    def end(self) -> int:
+        """The offset after the batch's last row."""
+        return self.first + self.rows.num_rows
+
+
+def conform(
+    table: pa.Table, schema: PipelineSchema, partition: int, sequence: int
+) -> pa.RecordBatch:
+    """`table` as the pipeline's rows: its declared columns found by name and cast (safely)
+    to their types, the meta columns set (`_partition` the writer's, `_offset` from
+    `sequence`, `_topic` PUSH_TOPIC, `_timestamp` now, `_key` null). PushError naming the
+    column, the row and why for anything that does not fit."""
+    if not 0 <= sequence <= MAX_SEQUENCE:
+        raise PushError(f"sequence {sequence} is not within 0..{MAX_SEQUENCE}")
+    if table.num_rows > MAX_ROWS:
+        raise PushError(f"{table.num_rows} rows in one batch: at most {MAX_ROWS}")
+    declared = {c.name: c for c in schema.columns}
+    unknown = [name for name in table.column_names if name not in declared]
+    if unknown:
+        raise PushError(
+            f"column {unknown[0]!r} is not a column of the pipeline "
+            f"(its columns: {', '.join(declared)})"
+        )
+    target = schema.arrow_schema()
+    n, columns = table.num_rows, []
+    for f in target:
+        if f.name in declared:
+            columns.append(_column(table, f, declared[f.name].is_required, n))
+        else:
+            columns.append(_meta(f, n, partition, sequence))
+    return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
+def _column(table: pa.Table, f: pa.Field, required: bool, n: int) -> pa.Array:
+    if f.name not in table.column_names:
+        if required:
+            raise PushError(f"column {f.name!r} is required and missing")
+        return pa.nulls(n, f.type)
+    given = table.column(f.name).combine_chunks()
+    try:
+        values = pc.cast(given, f.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        row = _first_bad_row(given, f.type)
+        where = "" if row is None else f", row {row} ({given[row].as_py()!r})"
+        raise PushError(
+            f"column {f.name!r}{where}: cannot be read as {f.type} ({given.type} given): {exc}"
+        ) from None
+    if values.null_count and (required or not f.nullable):
+        row = pc.index(pc.is_null(values), True).as_py()
+        raise PushError(f"column {f.name!r}, row {row}: null in a required column")
+    return values
+
+
+def _first_bad_row(values: pa.Array, to: pa.DataType) -> int | None:
+    """The first row of `values` that does not cast to `to` (an error path: row by row)."""
+    for i in range(len(values)):
+        try:
+            pc.cast(values.slice(i, 1), to, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return i
+    return None
+
+
+def _meta(f: pa.Field, n: int, partition: int, sequence: int) -> pa.Array:
+    start = first_offset(sequence)
+    value: dict[str, Any] = {
+        "_partition": pa.array([partition] * n, f.type),
+        "_offset": pa.array(range(start, start + n), f.type),
+        "_topic": pa.array([PUSH_TOPIC] * n, f.type),
+        "_timestamp": pa.array([int(time.time() * 1000)] * n, pa.int64()).cast(f.type),
+        "_key": pa.nulls(n, f.type),
+    }
+    return value[f.name]
+
+
+class PushDesk:
+    """Where request threads leave pushes for the pipeline thread, and wait until a
+    checkpoint covers them; shared by both (its own lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[PushRequest] = []
+        self._flushing: list[tuple[PushRequest, PushResult]] = []
+        self._checkpoint: dict[int, int] = {}
+        self._closed: str | None = None
+
+    def submit(self, request: PushRequest) -> None:
+        """Queue `request` for the pipeline thread (answered at once if the desk closed)."""
+        with self._lock:
+            if self._closed is None:
+                self._queue.append(request)
+                return
+        request.done.set_exception(_unavailable(self._closed))
+
+    def take(self) -> list[PushRequest]:
+        """The pipeline thread: every queued push, oldest first."""
+        with self._lock:
+            taken, self._queue = self._queue, []
+        return taken
+
+    def applied(self, request: PushRequest, result: PushResult) -> None:
+        """`request` is in the WAL and the buffer (or was before): answer it once a
+        checkpoint reaches its end."""
+        with self._lock:
+            if self._checkpoint.get(request.partition, -1) < request.end:
+                self._flushing.append((request, result))
+                return
+        request.done.set_result(result)
+
+    def committed(self, checkpoint: Mapping[int, int]) -> None:
+        """The flush lane committed `checkpoint` (next offset per partition): answer the
+        pushes it covers."""
+        with self._lock:
+            self._checkpoint = dict(checkpoint)
+            done = [
+                (r, res) for r, res in self._flushing if checkpoint.get(r.partition, -1) >= r.end
+            ]
+            self._flushing = [
+                (r, res) for r, res in self._flushing if checkpoint.get(r.partition, -1) < r.end
+            ]
+        for request, result in done:
+            request.done.set_result(result)
+
+    def close(self, why: str) -> None:
+        """The term ends: every push not yet answered is told to try again (at the next
+        leader: retries are applied once)."""
+        with self._lock:
+            self._closed = why
+            waiting = [r for r in self._queue] + [r for r, _ in self._flushing]
+            self._queue, self._flushing = [], []
+        for request in waiting:
+            if not request.done.done():
+                request.done.set_exception(_unavailable(why))
+
+
+def _unavailable(why: str) -> PushRefused:
+    return PushRefused(
+        f"this term of the pipeline ended ({why}): push again", status=503, retry_after_s=1.0
+    )
