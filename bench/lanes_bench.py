@@ -112,6 +112,9 @@ class MemoryFenced:
                 self.checkpoint.setdefault(topic, {}).update(parts)
             return {t: dict(o) for t, o in self.checkpoint.items()}
 
+    def writer_number(self, pipeline: str, writer: str) -> int:
+        raise AssertionError("nothing pushes in this bench")
+
     def reached(self, topic: str, ends: dict[int, int]) -> bool:
         with self.lock:
             return self.checkpoint.get(topic) == ends

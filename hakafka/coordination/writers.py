@@ -36,6 +36,7 @@ def add_writer(
     shard: int,
     pipeline: str,
     writer: str,
+    *,
     fence: Callable[[Any], object],
     commit: Callable[[Any], bool],
 ) -> int:

@@ -18,14 +18,23 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from buffer import BufferFull
+from buffer import BufferFull, OffsetRange
+from buffer.table import batch_nbytes
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_rates import LaneRates
 from hakafka.pipeline.lane_reader import LaneBatch, LaneReader
 from hakafka.pipeline.parts import Wal
+from hakafka.pipeline.push import (
+    PUSH_TOPIC,
+    PushDesk,
+    PushError,
+    PushRefusedError,
+    PushRequest,
+    PushResult,
+)
 from hakafka.pipeline.state import PipelineStopped, Waiting
-from hakafka.pipeline.walcodec import decode
+from hakafka.pipeline.walcodec import WalBatch, decode, encode
 from wal import FsyncPolicy, Record, RecordType
 
 
@@ -102,6 +111,8 @@ class ConsumeLane:
     positions: dict[int, int] = field(default_factory=dict)
     lanes: list[list[int]] = field(default_factory=list)
     rates: LaneRates = field(default_factory=LaneRates)
+    desk: PushDesk | None = None  # where pushed batches wait for this thread
+    pushed: dict[int, int] = field(default_factory=dict)  # writer partition -> next offset
 
     def _nothing_owed(self) -> bool:
         """After an empty poll: True when the term has nothing waiting (no lag, an empty
@@ -141,6 +152,9 @@ class ConsumeLane:
                 if not batch.empty:
                     self.store(wal, batch)
                     stored = True
+            if self.desk is not None:
+                for request in self.desk.take():
+                    self.push(wal, request, self.desk)
             if (
                 not stored
                 and Waiting.CHECKPOINT_OVERDUE in context.status.waits
@@ -188,9 +202,57 @@ class ConsumeLane:
                     end=gap.end,
                     offsets=gap.offsets,
                 )
-        topic = context.config.topic
-        context.index.add(position, {p: r for (t, p), r in batch.ranges.items() if t == topic})
+        named = (context.config.topic, PUSH_TOPIC)
+        context.index.add(position, {p: r for (t, p), r in batch.ranges.items() if t in named})
         self.append(rows, dead, batch.ranges)
+
+    def push(self, wal: Wal, request: PushRequest, desk: PushDesk) -> None:
+        """Apply a pushed batch once: WAL (synced), index, buffer; a retry of a batch applied
+        before is not applied again. Either way `desk` answers it once a checkpoint covers
+        it. Refused (429) when it would take the buffer past its limit."""
+        context, partition = self.context, request.partition
+        after = self.pushed.get(partition)
+        if after is not None and request.first < after:
+            desk.applied(request, PushResult(0, duplicate=True))
+            return
+        rows = request.rows
+        if rows.num_rows == 0:
+            request.done.set_result(PushResult(0, duplicate=False))
+            return
+        buffer, size = context.buffer, batch_nbytes(rows)
+        if size > buffer.limit_bytes:
+            request.done.set_exception(
+                PushError(
+                    f"{size} bytes in one batch: more than the pipeline's buffer "
+                    f"holds (limit_bytes {buffer.limit_bytes}); push it in smaller batches"
+                )
+            )
+            return
+        if buffer.nbytes + size > buffer.limit_bytes:
+            request.done.set_exception(
+                PushRefusedError(
+                    f"{buffer.nbytes} bytes buffered of {buffer.limit_bytes}: "
+                    f"{size} more would pass the limit",
+                    status=429,
+                    retry_after_s=1.0,
+                )
+            )
+            return
+        # From where the writer's last batch ended, as a Kafka record starts at the
+        # consumer's position: a writer's records are contiguous.
+        span = OffsetRange(request.first if after is None else after, request.end - 1)
+        ranges = {(PUSH_TOPIC, partition): span}
+        try:
+            header, payload = encode(WalBatch(context.config.name, ranges, rows))
+            position = wal.append(header, payload)
+            wal.sync()  # acknowledged data is on disk whatever the WAL's fsync policy
+        except BaseException as exc:
+            request.done.set_exception(exc)
+            raise
+        context.index.add(position, {partition: span})
+        self.append(rows, None, ranges)
+        self.pushed[partition] = request.end
+        desk.applied(request, PushResult(rows.num_rows, duplicate=False))
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append to the buffer (the gauges follow); at its limit pause the partitions and

@@ -32,6 +32,15 @@ from hakafka.pipeline.blockplan import (
 from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
+from hakafka.pipeline.push import (
+    PUSH_TOPIC,
+    PushDesk,
+    PushedRowsMissingError,
+    by_topic,
+    kafka_only,
+    topic_of,
+)
+from hakafka.pipeline.replay import checkpoint_offsets
 from hakafka.pipeline.state import Flush, PipelineStopped, Waiting
 from retry_policy import Backoff, Waiter
 
@@ -50,6 +59,7 @@ NOT_RETRIED = (
     OffsetOutOfRangeError,
     SchemaMismatchError,
     UnsafeTableError,
+    PushedRowsMissingError,
 )
 
 
@@ -84,6 +94,7 @@ class FlushLane:
     pending: PendingReflush | None = None
     drained: bool = False  # set once a draining pipeline committed everything it held
     mirror: OffsetsMirror | None = None  # this term's, built when the thread starts
+    desk: PushDesk | None = None  # told of every commit: pushes are answered once flushed
     # Flushes, re-fetches and table creation wait out a failure with this policy (from the
     # constants above as they are when the lane is made).
     retry: Backoff = field(default_factory=lambda: Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S))
@@ -133,7 +144,13 @@ class FlushLane:
             # it); a pending block that no longer matches its plan; a checkpoint commit that
             # would move backwards (a bug or a second writer: nothing was written).
             permanent = isinstance(
-                exc, (OffsetOutOfRangeError, BlockMismatchError, CheckpointRegressionError)
+                exc,
+                (
+                    OffsetOutOfRangeError,
+                    BlockMismatchError,
+                    CheckpointRegressionError,
+                    PushedRowsMissingError,
+                ),
             )
             context.log.error("flush.failed_permanently", error=f"{type(exc).__name__}: {exc}")
             context.status.fail(exc, context.log, restartable=not permanent)
@@ -156,6 +173,13 @@ class FlushLane:
                 source, block = "wal", local
             else:
                 source = "kafka"
+                if pushed := sorted(p for p in pending.ranges if p < 0):
+                    raise PushedRowsMissingError(
+                        f"block {pending.intent.block_id} holds rows pushed by writer "
+                        f"partitions {pushed} that no WAL here has, and Kafka cannot give "
+                        "them back; lead from the node that flushed it, or drop the pending "
+                        "block (its pushed rows were never acknowledged)"
+                    )
                 rows, dead = self._retry(
                     "refetch",
                     None,
@@ -164,7 +188,7 @@ class FlushLane:
                 context.status.refetched_rows += rows.num_rows
                 block = make_block(
                     pending.intent.block_id,
-                    {(topic, p): r for p, r in pending.ranges.items()},
+                    {(topic_of(p, topic), p): r for p, r in pending.ranges.items()},
                     rows,
                     dead,
                 )
@@ -208,12 +232,14 @@ class FlushLane:
         try:
             began = time.monotonic()
             name, topic = context.config.name, context.config.topic
-            parts = {p: rng for (t, p), rng in block.ranges.items() if t == topic}
+            named = (topic, PUSH_TOPIC)
+            parts = {p: rng for (t, p), rng in block.ranges.items() if t in named}
             if not intent_written:
                 self._check_not_below(block.block_id, parts)
+                spans = {p: (r.first, r.last + 1) for p, r in parts.items()}
                 intent = PendingIntent(
                     block.block_id,
-                    {topic: {p: (r.first, r.last + 1) for p, r in parts.items()}},
+                    by_topic(spans, topic),
                     self.parts.fenced.epoch,
                     planned.tasks,
                     block_settings(context.config),
@@ -230,11 +256,13 @@ class FlushLane:
             if signals.abandoned.is_set():
                 raise PipelineStopped("flush abandoned")
             ends = {p: r.last + 1 for p, r in parts.items()}
-            committed = self.parts.fenced.commit_checkpoint(name, {topic: ends})
-            self.checkpoint = {int(p): int(o) for p, o in committed.get(topic, {}).items()}
+            committed = self.parts.fenced.commit_checkpoint(name, by_topic(ends, topic))
+            self.checkpoint = checkpoint_offsets(committed, topic)
             context.crash.hit("flush.after_checkpoint")
             if self.mirror is not None:
-                self.mirror.publish(self.checkpoint)
+                self.mirror.publish(kafka_only(self.checkpoint))
+            if self.desk is not None:
+                self.desk.committed(self.checkpoint)
             context.buffer.commit(block)
             signals.note_commit()
             context.status.done_waiting(Waiting.CHECKPOINT_OVERDUE)

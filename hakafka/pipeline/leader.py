@@ -32,6 +32,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+import pyarrow as pa
 import structlog
 
 from buffer import Catalog, MemoryTable, OffsetRange
@@ -51,6 +52,16 @@ from hakafka.pipeline.lane_rates import LaneView
 from hakafka.pipeline.lane_reader import LaneReader
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Consumer, LaneParts, PipelineParts, Wal
+from hakafka.pipeline.push import (
+    PushDesk,
+    PushRefusedError,
+    PushRequest,
+    PushResult,
+    conform,
+    kafka_only,
+    topic_of,
+    writer_partition,
+)
 from hakafka.pipeline.replay import (
     PendingScan,
     ReplayCursor,
@@ -138,9 +149,12 @@ class PipelineLeader:
             crash=self._crash,
             log=self._log,
         )
-        self._consume = ConsumeLane(context)
+        self._desk = PushDesk()
+        self._writers: dict[str, int] = {}  # push writer -> its partition, this term
+        self._consume = ConsumeLane(context, desk=self._desk)
         self._schemas = SchemaConverter(config.name, decoder.schema)
         self._flush = FlushLane(context, thresholds_of(config), parts, decoder, rows_per_task)
+        self._flush.desk = self._desk
         self._wal: Wal | None = None
         self._registered: list[MemoryTable] = []
         self._threads_done = 0
@@ -210,6 +224,27 @@ class PipelineLeader:
             if thread.ident is not None and (clean or thread is self._main):
                 thread.join(timeout=JOIN_TIMEOUT_S)
         return clean
+
+    def push(self, writer: str, sequence: int, table: pa.Table, timeout: float) -> PushResult:
+        """Apply `writer`'s batch `sequence` (`table`, the pipeline's declared columns) once,
+        and answer when a checkpoint covers it (see `push.py`). PushError (nothing applied)
+        when it does not fit the pipeline; PushRefusedError when this term cannot take it now;
+        TimeoutError after `timeout` s (it may still be applied: push it again, it is taken
+        once)."""
+        if self.status.state is not PipelineState.CONSUMING:
+            raise PushRefusedError(
+                f"pipeline {self.config.name} of shard {self.shard} is {self.status.state}",
+                status=503,
+                retry_after_s=1.0,
+            )
+        partition = self._writers.get(writer)
+        if partition is None:
+            number = self._parts.fenced.writer_number(self.config.name, writer)
+            partition = self._writers.setdefault(writer, writer_partition(number))
+        rows = conform(table, self.decoder.schema, partition, sequence)
+        request = PushRequest(writer, partition, sequence, rows)
+        self._desk.submit(request)
+        return request.done.result(timeout)
 
     @property
     def running(self) -> bool:
@@ -293,7 +328,8 @@ class PipelineLeader:
             if self.drain:
                 self._await_drained()
                 return
-            self._start_lanes(starts)
+            self._consume.pushed = {p: o for p, o in starts.items() if p < 0}
+            self._start_lanes(kafka_only(starts))
             self.status.enter(PipelineState.CONSUMING, self._log)
             self._consume.run(wal)
             self._set_stopped()
@@ -304,6 +340,7 @@ class PipelineLeader:
             permanent = isinstance(exc, (DecodeError, SchemaChangeError, LayoutError))
             self.status.fail(exc, self._log, restartable=not permanent)
         finally:
+            self._desk.close(f"pipeline {self.status.state}")
             self._signals.beats_end()
             self._signals.stop.set()
             if self._flusher.ident is None:
@@ -406,6 +443,7 @@ class PipelineLeader:
             epoch=fenced.epoch,
         )
         self._check_layout(fenced.read_other_checkpoints(name))
+        self._desk.committed(self._flush.checkpoint)
         starts = dict(self._flush.checkpoint)
         if pending is None:
             return starts, None
@@ -420,7 +458,9 @@ class PipelineLeader:
         another shard: it would be read again from its low watermark (duplicates)."""
         topic, mine = self.config.topic, self._flush.checkpoint
         for shard, checkpoint in sorted(elsewhere.items()):
-            for partition, offset in sorted(checkpoint_offsets(checkpoint, topic).items()):
+            for partition, offset in sorted(
+                kafka_only(checkpoint_offsets(checkpoint, topic)).items()
+            ):
                 if partition not in mine and self.assignment.select([partition]):
                     raise LayoutError(
                         f"partition {partition} of {topic} belongs to shard {self.shard} in "
@@ -460,7 +500,7 @@ class PipelineLeader:
             rows = select_rows(batch.rows, keep)
             dead = select_rows(batch.dead_letters, keep) if batch.dead_letters is not None else None
             # May wait at the buffer's limit for a commit: the pending block is handed over.
-            self._consume.append(rows, dead, {(topic, p): rng for p, rng in keep.items()})
+            self._consume.append(rows, dead, {(topic_of(p, topic), p): r for p, r in keep.items()})
             replayed += rows.num_rows
         if pending is not None and not pending.block.done():
             self._hand_over(pending)
@@ -482,16 +522,17 @@ class PipelineLeader:
             if found is None
             else make_block(
                 pending.block_id,
-                {(topic, p): rng for p, rng in pending.scan.wanted.items()},
+                {(topic_of(p, topic), p): rng for p, rng in pending.scan.wanted.items()},
                 *found,
             )
         )
         pending.block.set_result(block)
 
     def _owned(self, ranges: dict[int, OffsetRange]) -> dict[int, OffsetRange]:
-        """The ranges of partitions this shard owns: a WAL written under an earlier layout
-        may hold others, whose checkpoints now live in their new shard."""
-        return {p: r for p, r in ranges.items() if self.assignment.select([p])}
+        """The ranges of partitions this shard owns (a push writer's always): a WAL written
+        under an earlier layout may hold others, whose checkpoints now live in their new
+        shard."""
+        return {p: r for p, r in ranges.items() if p < 0 or self.assignment.select([p])}
 
     # -- teardown ------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,7 +73,12 @@ class PushError(ValueError):
     names the column, the row and why."""
 
 
-class PushRefused(Exception):
+class PushedRowsMissingError(Exception):
+    """A pending block holds pushed rows that no WAL of this node has (Kafka cannot give them
+    back); the message names the block and the writers."""
+
+
+class PushRefusedError(Exception):
     """A push the leader cannot take now (HTTP 429 or 503); `retry_after_s` says when to
     try again."""
 
@@ -109,7 +114,7 @@ class PushRequest:
     @property
     def end(self) -> int:
         """The offset after the batch's last row."""
-        return self.first + self.rows.num_rows
+        return self.first + int(self.rows.num_rows)
 
 
 def conform(
@@ -172,14 +177,17 @@ def _first_bad_row(values: pa.Array, to: pa.DataType) -> int | None:
 
 def _meta(f: pa.Field, n: int, partition: int, sequence: int) -> pa.Array:
     start = first_offset(sequence)
-    value: dict[str, Any] = {
-        "_partition": pa.array([partition] * n, f.type),
-        "_offset": pa.array(range(start, start + n), f.type),
-        "_topic": pa.array([PUSH_TOPIC] * n, f.type),
-        "_timestamp": pa.array([int(time.time() * 1000)] * n, pa.int64()).cast(f.type),
-        "_key": pa.nulls(n, f.type),
-    }
-    return value[f.name]
+    match f.name:
+        case "_partition":
+            return pa.array([partition] * n, f.type)
+        case "_offset":
+            return pa.array(range(start, start + n), f.type)
+        case "_topic":
+            return pa.array([PUSH_TOPIC] * n, pa.string()).cast(f.type)
+        case "_timestamp":
+            return pa.array([int(time.time() * 1000)] * n, pa.int64()).cast(f.type)
+        case _:  # _key: a pushed row has none
+            return pa.nulls(n, f.type)
 
 
 class PushDesk:
@@ -242,7 +250,7 @@ class PushDesk:
                 request.done.set_exception(_unavailable(why))
 
 
-def _unavailable(why: str) -> PushRefused:
-    return PushRefused(
+def _unavailable(why: str) -> PushRefusedError:
+    return PushRefusedError(
         f"this term of the pipeline ended ({why}): push again", status=503, retry_after_s=1.0
     )

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from buffer import OffsetRange
 from hakafka.coordination import PendingIntent
+from hakafka.pipeline.push import PUSH_TOPIC
 from hakafka.pipeline.walcodec import WalBatch, decode_header, ranges_of
 from wal import Position, Record
 
@@ -36,8 +37,11 @@ PartitionRanges = Mapping[int, OffsetRange]
 def checkpoint_offsets(
     checkpoint: Mapping[str, Mapping[str, int] | Mapping[int, int]], topic: str
 ) -> Offsets:
-    """The `{partition: next_offset}` of `topic` in a ZooKeeper checkpoint document."""
-    return {int(p): int(o) for p, o in checkpoint.get(topic, {}).items()}
+    """The `{partition: next_offset}` of `topic` and of the push writers (their partitions
+    are negative: `push.py`) in a ZooKeeper checkpoint document."""
+    return {
+        int(p): int(o) for name in (topic, PUSH_TOPIC) for p, o in checkpoint.get(name, {}).items()
+    }
 
 
 @dataclass
@@ -132,8 +136,13 @@ def overlap(a: OffsetRange, b: OffsetRange) -> OffsetRange | None:
 
 
 def record_ranges(record: Record, topic: str) -> dict[int, OffsetRange]:
-    """The offset range per partition of `topic` that a WAL record holds (its header only)."""
-    return {p: rng for (t, p), rng in ranges_of(decode_header(record)).items() if t == topic}
+    """The offset range per partition of `topic` and of the push writers that a WAL record
+    holds (its header only)."""
+    return {
+        p: rng
+        for (t, p), rng in ranges_of(decode_header(record)).items()
+        if t in (topic, PUSH_TOPIC)
+    }
 
 
 def pending_ranges(intent: PendingIntent, topic: str) -> dict[int, OffsetRange]:
@@ -141,7 +150,8 @@ def pending_ranges(intent: PendingIntent, topic: str) -> dict[int, OffsetRange]:
     `[first, end)`)."""
     return {
         p: OffsetRange(first, end - 1)
-        for p, (first, end) in intent.ranges.get(topic, {}).items()
+        for name in (topic, PUSH_TOPIC)
+        for p, (first, end) in intent.ranges.get(name, {}).items()
         if end > first
     }
 
@@ -159,7 +169,9 @@ def pending_rows(
         keep = {
             p: shared
             for (t, p), rng in batch.ranges.items()
-            if t == topic and p in wanted and (shared := overlap(rng, wanted[p])) is not None
+            if t in (topic, PUSH_TOPIC)
+            and p in wanted
+            and (shared := overlap(rng, wanted[p])) is not None
         }
         if keep:
             rows.append(select_rows(batch.rows, keep))

@@ -290,6 +290,7 @@ class FakeFenced:
         self.checkpoint: Checkpoint = {}
         self.pending: PendingIntent | None = None
         self.others: dict[int, Checkpoint] = {}  # the checkpoints of other shards
+        self.writers: dict[str, int] = {}  # push writer -> its number
         self.fenced = False
         self.refuse_writes = False  # as while the ZooKeeper connection is suspended
         self.commits = 0
@@ -302,6 +303,7 @@ class FakeFenced:
         following.checkpoint, following.pending = self.checkpoint, self.pending
         following.committed_at = self.committed_at
         following.others = self.others
+        following.writers = self.writers
         return following
 
     def _check(self, write: bool = False) -> None:
@@ -340,6 +342,11 @@ class FakeFenced:
             self.commits += 1
             self.committed_at = time.time()
             return {t: dict(o) for t, o in self.checkpoint.items()}
+
+    def writer_number(self, pipeline: str, writer: str) -> int:
+        with self._lock:
+            self._check(write=True)
+            return self.writers.setdefault(writer, len(self.writers))
 
 
 @dataclass

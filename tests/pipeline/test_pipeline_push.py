@@ -1,0 +1,149 @@
+"""Batches pushed into a pipeline beside its Kafka topic: applied once per (writer,
+sequence), answered once flushed, refused whole when they do not fit, replayed from the WAL
+by the next term. Fakes of Kafka, ZooKeeper and ClickHouse (`fakes.py`)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from hakafka.pipeline import PipelineLeader
+from hakafka.pipeline.push import (
+    PUSH_TOPIC,
+    PushError,
+    PushRefusedError,
+    PushResult,
+    first_offset,
+)
+from tests.pipeline.fakes import TOPIC, Harness, filled_topic, pipeline_config, start, wait_for
+
+PARTITIONS, COUNT = 2, 500
+
+
+def batch(first: int, rows: int) -> pa.Table:
+    return pa.table(
+        {
+            "user": [f"pushed-{i}" for i in range(first, first + rows)],
+            "amount": list(range(first, first + rows)),
+        }
+    )
+
+
+def pushed_offsets(h: Harness) -> list[tuple[int, int]]:
+    return [(p, o) for p, o in h.sink.offsets() if p < 0]
+
+
+def kafka_offsets() -> list[tuple[int, int]]:
+    return [(p, o) for p in range(PARTITIONS) for o in range(COUNT)]
+
+
+def test_pushes_land_once_beside_the_topic_and_are_answered_once_flushed(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(), filled_topic(PARTITIONS, COUNT))
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    assert leader.push("spark-q1-p0", 0, batch(0, 300), timeout=30.0) == PushResult(300, False)
+    # Answered only once a checkpoint covers it: the writer's partition is in it, under @push.
+    assert h.fenced.checkpoint[PUSH_TOPIC] == {-1: first_offset(0) + 300}
+    assert leader.push("spark-q1-p0", 1, batch(300, 200), timeout=30.0) == PushResult(200, False)
+    assert leader.push("spark-q1-p1", 0, batch(0, 5), timeout=30.0) == PushResult(5, False)
+    # A retry (an answer lost, a restarted Spark task) is applied once.
+    assert leader.push("spark-q1-p0", 1, batch(300, 200), timeout=30.0) == PushResult(0, True)
+    wait_for(
+        lambda: h.fenced.checkpoint.get(TOPIC) == dict.fromkeys(range(PARTITIONS), COUNT),
+        "the topic's offsets in the checkpoint",
+    )
+    assert [(p, o) for p, o in h.sink.offsets() if p >= 0] == kafka_offsets()
+    assert pushed_offsets(h) == sorted(
+        [(-1, first_offset(0) + i) for i in range(300)]
+        + [(-1, first_offset(1) + i) for i in range(200)]
+        + [(-2, first_offset(0) + i) for i in range(5)]
+    )
+    assert h.fenced.writers == {"spark-q1-p0": 0, "spark-q1-p1": 1}
+
+
+def test_a_batch_that_does_not_fit_is_refused_whole_with_its_column_and_row(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(), filled_topic(1, 1))
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    bad = pa.table({"user": ["a", "b", "c"], "amount": ["1", "2", "x3"]})
+    with pytest.raises(
+        PushError, match=r"column 'amount', row 2 \('x3'\): cannot be read as int64"
+    ):
+        leader.push("w", 0, bad, timeout=10.0)
+    with pytest.raises(PushError, match=r"column 'colour' is not a column of the pipeline"):
+        leader.push("w", 0, pa.table({"user": ["a"], "colour": ["red"]}), timeout=10.0)
+    nulls = pa.table({"user": ["a", None], "amount": [1, 2]})
+    with pytest.raises(PushError, match=r"column 'user', row 1: null in a required column"):
+        leader.push("w", 0, nulls, timeout=10.0)
+    # Nothing of them was applied: the same sequence goes in afterwards.
+    assert leader.push("w", 0, batch(0, 3), timeout=30.0) == PushResult(3, False)
+
+
+def test_a_push_over_the_buffer_limit_is_refused_with_429_and_nothing_is_lost(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # Flushes held (the sink's gate closed): the buffer fills and stays full.
+    h = Harness(
+        tmp_path, pipeline_config(max_bytes=192 << 10, limit_bytes=192 << 10), filled_topic(1, 1)
+    )
+    h.sink.gate.clear()
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    with ThreadPoolExecutor(1) as pool:
+        first: Future[PushResult] = pool.submit(leader.push, "w", 0, batch(0, 1000), 60.0)
+        wait_for(lambda: leader.buffer.rows.row_count >= 1000, "the first batch in the buffer")
+        with pytest.raises(PushRefusedError) as refused:
+            leader.push("w", 1, batch(1000, 3000), timeout=10.0)
+        assert refused.value.status == 429 and "would pass the limit" in str(refused.value)
+        h.sink.gate.set()
+        assert first.result(60.0) == PushResult(1000, False)
+    # A batch larger than the buffer can ever hold is refused as bad input, not as "later".
+    with pytest.raises(PushError, match=r"more than the pipeline's buffer holds"):
+        leader.push("w", 1, batch(1000, 4000), timeout=10.0)
+    # Refused means not applied: pushed again, it is taken.
+    assert leader.push("w", 1, batch(1000, 3000), timeout=30.0) == PushResult(3000, False)
+    assert len(pushed_offsets(h)) == 4000
+
+
+def test_the_next_term_replays_pushed_rows_from_the_wal_and_takes_retries_once(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # Flushes held: the push is in the WAL and the buffer, not yet answered, when the term
+    # ends (a kill -9 keeps the WAL as it is).
+    h = Harness(tmp_path, pipeline_config(), filled_topic(1, 10))
+    h.sink.gate.clear()
+    first = start(h, leaders)
+    assert first.wait_consuming(30.0), first.status
+    pending: Future[PushResult] = Future()
+    threading.Thread(
+        target=lambda: _answer(pending, first, "w", 7, batch(0, 50)), daemon=True
+    ).start()
+    wait_for(lambda: first.buffer.rows.row_count >= 60, "the push in the buffer")
+    first.stop(0.1)
+    with pytest.raises(PushRefusedError, match="push again"):
+        pending.result(10.0)
+    h.fenced = h.fenced.next_term()
+    h.sink.gate.set()
+    second = start(h, leaders)
+    assert second.wait_consuming(30.0), second.status
+    assert second.status.replayed_rows >= 50
+    # The writer's retry is the same batch: it was replayed, so it is a duplicate.
+    assert second.push("w", 7, batch(0, 50), timeout=30.0) == PushResult(0, True)
+    assert pushed_offsets(h) == [(-1, first_offset(7) + i) for i in range(50)]
+
+
+def _answer(
+    into: Future[PushResult], leader: PipelineLeader, writer: str, seq: int, table: pa.Table
+) -> None:
+    try:
+        into.set_result(leader.push(writer, seq, table, timeout=30.0))
+    except Exception as exc:
+        into.set_exception(exc)
