@@ -51,6 +51,24 @@ class Route:
 
 
 @dataclass(frozen=True)
+class Reply:
+    """What a POST route answers; `retry_after_s` sets Retry-After (a 429 or 503)."""
+
+    status: int
+    content_type: str
+    body: bytes
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PostRoute:
+    """An extra POST endpoint: `handler(params, content_type, body)` answers. The token is
+    checked and the body read (within `max_request_bytes`) before it is called."""
+
+    handler: Callable[[dict[str, str], str, bytes], Reply]
+
+
+@dataclass(frozen=True)
 class _Refusal:
     status: int
     kind: str
@@ -96,18 +114,27 @@ class _Handler(BaseHTTPRequestHandler):
             status, content_type, payload = route.handler()
             self._send_raw(status, content_type, payload)
             return
+        post_route = self.server.post_routes.get(url.path)
+        if post_route is not None:
+            params = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            reply = post_route.handler(params, self.headers.get("Content-Type") or "", body or b"")
+            self._send_chunks(reply.status, reply.content_type, [reply.body], reply.retry_after_s)
+            return
         self._query(url.query, body)
 
     def _refusal(self, path: str, post: bool) -> _Refusal | None:
         route = self.server.routes.get(path)
-        if path != "/query" and route is None:
-            known = ", ".join(sorted(["/query", *self.server.routes]))
+        posted = path in self.server.post_routes
+        if path != "/query" and route is None and not posted:
+            known = ", ".join(sorted(["/query", *self.server.routes, *self.server.post_routes]))
             return _Refusal(404, "not_found", f"no endpoint {path}; use one of {known}")
         public = route is not None and route.public
         if not public and not http_token_ok(self.server.token, self.headers.get("Authorization")):
             return _Refusal(401, "unauthenticated", "missing or wrong bearer token")
         if post and route is not None:
             return _Refusal(405, "method_not_allowed", f"{path} answers GET only")
+        if posted and not post:
+            return _Refusal(405, "method_not_allowed", f"{path} answers POST only")
         return None
 
     def _read_body(self) -> tuple[bytes | None, _Refusal | None]:
@@ -189,15 +216,21 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_raw(self, status: int, content_type: str, body: bytes) -> None:
         self._send_chunks(status, content_type, [body])
 
-    def _send_chunks(self, status: int, content_type: str, chunks: list[bytes]) -> None:
+    def _send_chunks(
+        self,
+        status: int,
+        content_type: str,
+        chunks: list[bytes],
+        retry_after_s: float | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(sum(len(c) for c in chunks)))
         if status == 401:
             for challenge in HTTP_CHALLENGES:
                 self.send_header("WWW-Authenticate", challenge)
-        if status == 429:
-            self.send_header("Retry-After", "1")
+        if retry_after_s is not None or status == 429:
+            self.send_header("Retry-After", str(max(1, round(retry_after_s or 1))))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -363,6 +396,7 @@ class _Server(ThreadingHTTPServer):
         engine: SqlEngine,
         token: str | None,
         routes: Mapping[str, Route],
+        post_routes: Mapping[str, PostRoute],
         forward: Forward | None,
         limits: ServerLimits,
         tls: ServerTls | None,
@@ -377,6 +411,7 @@ class _Server(ThreadingHTTPServer):
         self.engine = engine
         self.token = token
         self.routes = dict(routes)
+        self.post_routes = dict(post_routes)
         self.forward = forward
         self.limits = limits
         self.observe = observe
@@ -431,7 +466,8 @@ class HttpQueryServer:
     route (a probe) is answered, anything else gets 503; queries over
     ``max_concurrent_queries`` get 429 at once.
 
-    ``routes`` adds GET endpoints (a daemon's /health, /metrics...); ``forward`` may answer a
+    ``routes`` adds GET endpoints (a daemon's /health, /metrics...), ``post_routes`` POST
+    ones (token and body limits as for a query); ``forward`` may answer a
     query elsewhere (502 if that fails). With ``tls`` it serves HTTPS only (the handshake
     runs on the connection's thread, under ``request_timeout``). ``observe`` hears of every
     query answered (protocol ``http``, result, seconds to the last byte sent).
@@ -445,6 +481,7 @@ class HttpQueryServer:
         token: str | None = None,
         *,
         routes: Mapping[str, Route] | None = None,
+        post_routes: Mapping[str, PostRoute] | None = None,
         forward: Forward | None = None,
         limits: ServerLimits | None = None,
         tls: ServerTls | None = None,
@@ -455,6 +492,7 @@ class HttpQueryServer:
             engine=engine,
             token=token,
             routes=routes or {},
+            post_routes=post_routes or {},
             forward=forward,
             limits=limits or ServerLimits(),
             tls=tls,

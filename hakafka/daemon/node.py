@@ -33,15 +33,16 @@ import structlog
 
 from buffer import Catalog, SqlEngine
 from buffer.flight import FlightQueryServer
-from buffer.http import HttpQueryServer, Route
+from buffer.http import HttpQueryServer, PostRoute, Route
 from hakafka import __version__
 from hakafka.config import Config, advertised_host
-from hakafka.coordination import Coordinator, NodeInfo
+from hakafka.coordination import CoordinationError, Coordinator, NodeInfo
 from hakafka.daemon.balancer import Balancer
 from hakafka.daemon.flush_path import FlushPath
 from hakafka.daemon.forwarding import Forwarder
 from hakafka.daemon.history import StatusHistory, sample_of
 from hakafka.daemon.idle_lag import IdleLag, idle_pipelines, owned_watermarks
+from hakafka.daemon.insert_route import InsertRoute
 from hakafka.daemon.page import status_page
 from hakafka.daemon.reload import plan_reload
 from hakafka.daemon.report import node_status
@@ -173,6 +174,11 @@ class Daemon:
                     "/status": Route(self._status_route),
                     "/status/history": Route(self._history_route),
                     "/metrics": Route(self._metrics_route, public=True),
+                },
+                post_routes={
+                    "/insert": PostRoute(
+                        InsertRoute(runners=lambda: self.runners, leader_of=self._leader_http)
+                    )
                 },
                 forward=self._forward,
                 limits=limits,
@@ -455,6 +461,16 @@ class Daemon:
         if self.logs is not None:
             self.logs.level = config.log_level
         log.info("config.reloaded", applied=list(plan.applied), refused=len(plan.refused))
+
+    def _leader_http(self, shard: int) -> tuple[str, str] | None:
+        """`shard`'s leader and its HTTP address as ZooKeeper names them (None: no leader,
+        or ZooKeeper cannot say now)."""
+        try:
+            info = self.coordinator.leader_of(shard)
+            found = None if info is None else self.coordinator.nodes().get(info.node)
+        except CoordinationError:
+            return None
+        return None if info is None else (info.node, found.http if found else "")
 
     def _forward(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
         """The query servers' `forward` (built before the forwarder, which needs their ports)."""

@@ -1,0 +1,122 @@
+"""`POST /insert` on the real stack: batches pushed into a pipeline's buffer beside its Kafka
+topic land in ClickHouse once per (writer, sequence), through a kill -9 of the leader; a
+follower names the leader; a batch that does not fit is refused whole, naming the column and
+the row."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
+from devstack.records import create_topic
+from devstack.records import produce as produce_records
+from hakafka.pipeline.push import first_offset
+from tests.helpers.landing import assert_exactly_once, landed
+from tests.helpers.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+PARTITIONS = 2
+ARROW = "application/vnd.apache.arrow.stream"
+
+
+def push(
+    node: DaemonNode, writer: str, sequence: int, body: bytes, content_type: str
+) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{node.url}/insert?pipeline=events&shard=0&writer={writer}&sequence={sequence}",
+        data=body,
+        headers={"Content-Type": content_type},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=90) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def rows(first: int, count: int) -> list[dict[str, Any]]:
+    return [{"id": i, "kind": "push", "amount": i / 2} for i in range(first, first + count)]
+
+
+def as_json(batch: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in batch)
+
+
+def as_arrow(batch: list[dict[str, Any]]) -> bytes:
+    table = pa.Table.from_pylist(batch)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def pushed(writer_partition: int, sequence: int, count: int) -> set[tuple[int, int]]:
+    return {(writer_partition, first_offset(sequence) + i) for i in range(count)}
+
+
+def test_pushes_land_once_beside_kafka_through_a_leader_killed(
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+) -> None:
+    topic = f"{topic_prefix}_events"
+    create_topic(stack.kafka, topic, PARTITIONS)
+    produced = produce_records(stack.kafka, topic, 2_000, partitions=PARTITIONS)
+    cluster: LocalCluster = make_cluster(
+        {"n1": [0], "n2": [0]}, shard_count=1, spark_on_followers=True
+    )
+    cluster.start()
+    first = cluster.wait_leaders([0])[0]
+    other = "n2" if first == "n1" else "n1"
+    leader, follower = cluster.nodes[first], cluster.nodes[other]
+
+    # A follower does not take it: it names the leader and where to reach it.
+    status, answer = push(follower, "w1", 0, as_json(rows(0, 100)), "application/x-ndjson")
+    assert status == 421, answer
+    assert (answer["leader"], answer["http"]) == (first, leader.url)
+
+    # Answered once flushed; a retry of the same batch is applied once.
+    status, answer = push(leader, "w1", 0, as_json(rows(0, 100)), "application/x-ndjson")
+    assert (status, answer["rows"], answer["duplicate"]) == (200, 100, False), answer
+    status, answer = push(leader, "w1", 0, as_json(rows(0, 100)), "application/x-ndjson")
+    assert (status, answer["rows"], answer["duplicate"]) == (200, 0, True), answer
+
+    # A batch that does not fit is refused whole, with the column, the row and why.
+    bad = rows(100, 3)
+    bad[1]["kind"] = None
+    status, answer = push(leader, "w1", 1, as_json(bad), "application/x-ndjson")
+    assert status == 400, answer
+    assert "column 'kind', row 1: null in a required column" in answer["message"]
+
+    status, answer = push(leader, "w1", 1, as_arrow(rows(100, 50)), ARROW)
+    assert (status, answer["rows"]) == (200, 50), answer
+
+    # The leader dies; the next one knows from the checkpoint what w1 pushed.
+    leader.kill()
+    assert cluster.wait_leaders([0])[0] == other
+    status, answer = push(follower, "w1", 1, as_arrow(rows(100, 50)), ARROW)
+    assert (status, answer["duplicate"]) == (200, True), answer
+    status, answer = push(follower, "w1", 2, as_arrow(rows(150, 25)), ARROW)
+    assert (status, answer["rows"]) == (200, 25), answer
+    status, answer = push(follower, "w2", 0, as_json(rows(0, 10)), "application/x-ndjson")
+    assert (status, answer["rows"]) == (200, 10), answer
+
+    expected = (
+        produced.good
+        | pushed(-1, 0, 100)
+        | pushed(-1, 1, 50)
+        | pushed(-1, 2, 25)
+        | pushed(-2, 0, 10)
+    )
+    wait_for(lambda: landed(ch_client, "events") >= len(expected), 120, "every row")
+    assert_exactly_once(ch_client, "events", expected)
+    kinds = ch_client.query(
+        "SELECT _partition < 0, kind = 'push', count() FROM events GROUP BY 1, 2 ORDER BY 1"
+    ).result_rows
+    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 1, 185)]
