@@ -33,6 +33,7 @@ class Metrics:
     registry: CollectorRegistry
     consumer: ConsumerMetrics
     consumed_rows: Counter
+    pushed_rows: Counter
     consumed_bytes: Counter
     dead_letters: Counter
     wal_bytes: Counter
@@ -86,6 +87,12 @@ class Metrics:
             consumer=ConsumerMetrics.create(reg),
             consumed_rows=Counter(
                 "hakafka_consumed_rows", "Rows decoded from Kafka", p, registry=reg
+            ),
+            pushed_rows=Counter(
+                "hakafka_pushed_rows",
+                "Rows pushed into the buffer (POST /insert), each applied once",
+                p,
+                registry=reg,
             ),
             consumed_bytes=Counter(
                 "hakafka_consumed_bytes", "Message value bytes consumed", p, registry=reg

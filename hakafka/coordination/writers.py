@@ -17,6 +17,9 @@ from hakafka.coordination.errors import CoordinationError
 from hakafka.coordination.session import ZkSession
 
 SEPARATOR = "@"  # not a character of a name `paths.check_name` accepts
+# Where a checkpoint names the writers' partitions (negative: `pipeline/push.py`); never a
+# Kafka topic's name, '@' is not allowed in one.
+PUSH_TOPIC = "@push"
 
 
 def read_writers(session: ZkSession, shard: int, pipeline: str) -> dict[str, int]:

@@ -34,6 +34,7 @@ from hakafka.coordination import (
 )
 from hakafka.coordination.fenced import StoredCheckpoint
 from hakafka.coordination.reshard import ReshardRaceError
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.drift import cluster_settings, compare
 from hakafka.ops.cluster import OpsError
 
@@ -95,7 +96,12 @@ def move_checkpoints(
 ) -> tuple[dict[tuple[int, str], Checkpoint], list[Move]]:
     """Each `(shard, pipeline)`'s checkpoint in the `target` layout, from the `stored` ones of
     every shard. OpsError when a partition's offset is in two shards or has no owner."""
-    new: dict[tuple[int, str], Checkpoint] = {key: {} for key in stored}
+    # Push writers' positions stay in their shard: a writer is numbered per shard, and a
+    # retry after the reshard must still be known for one.
+    new: dict[tuple[int, str], Checkpoint] = {
+        key: {PUSH_TOPIC: dict(cp.offsets[PUSH_TOPIC])} if cp.offsets.get(PUSH_TOPIC) else {}
+        for key, cp in stored.items()
+    }
     moves: list[Move] = []
     for name, settings in sorted(target.pipelines.items()):
         found: dict[int, tuple[int, int]] = {}  # partition -> (shard, offset)

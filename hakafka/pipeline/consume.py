@@ -20,13 +20,13 @@ import pyarrow as pa
 
 from buffer import BufferFull, OffsetRange
 from buffer.table import batch_nbytes
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_rates import LaneRates
 from hakafka.pipeline.lane_reader import LaneBatch, LaneReader
 from hakafka.pipeline.parts import Wal
 from hakafka.pipeline.push import (
-    PUSH_TOPIC,
     PushDesk,
     PushError,
     PushRefusedError,
@@ -252,6 +252,7 @@ class ConsumeLane:
         context.index.add(position, {partition: span})
         self.append(rows, None, ranges)
         self.pushed[partition] = request.end
+        context.meters.pushed(rows.num_rows)
         desk.applied(request, PushResult(rows.num_rows, duplicate=False))
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:

@@ -22,6 +22,7 @@ from chlib.tables import SchemaMismatchError, UnsafeTableError
 from hakafka.consumer import Decoder, OffsetOutOfRangeError
 from hakafka.coordination import FencedError, PendingIntent
 from hakafka.coordination.fenced import CheckpointRegressionError
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline.blockplan import (
     BlockMismatchError,
     PlannedBlock,
@@ -33,7 +34,6 @@ from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
 from hakafka.pipeline.push import (
-    PUSH_TOPIC,
     PushDesk,
     PushedRowsMissingError,
     by_topic,

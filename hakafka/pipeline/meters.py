@@ -46,6 +46,10 @@ class PipelineMeters:
             if dead_letters:
                 m.dead_letters.labels(**labels).inc(dead_letters)
 
+    def pushed(self, rows: int) -> None:
+        """A pushed batch of `rows` rows was applied (a retry is not counted again)."""
+        self._m.pushed_rows.labels(**self._labels).inc(rows)
+
     def offset_reset(self, reset: OffsetReset) -> None:
         """A lane's consumer reset `reset.partition`'s offset (a lane process has no
         counters of its own; with one lane the consumer counts it itself)."""

@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hakafka.consumer import PipelineSchema
+from hakafka.coordination.writers import PUSH_TOPIC
 
-PUSH_TOPIC = "@push"  # never a Kafka topic's name: '@' is not allowed in one
 SEQUENCE_BITS = 20
 MAX_ROWS = 1 << SEQUENCE_BITS  # rows in one pushed batch
 MAX_SEQUENCE = (1 << (63 - SEQUENCE_BITS)) - 1

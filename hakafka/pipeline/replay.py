@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from buffer import OffsetRange
 from hakafka.coordination import PendingIntent
-from hakafka.pipeline.push import PUSH_TOPIC
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline.walcodec import WalBatch, decode_header, ranges_of
 from wal import Position, Record
 

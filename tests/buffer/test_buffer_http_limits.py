@@ -20,7 +20,7 @@ import pytest
 
 from buffer import SqlEngine
 from buffer.flight import FlightQueryServer
-from buffer.http import HttpQueryServer, Route
+from buffer.http import HttpQueryServer, PostRoute, Reply, Route
 from buffer.limits import ServerLimits
 from buffer.sql import Forward
 from hakafka.config import NodeServerConfig, parse_config
@@ -362,3 +362,43 @@ def test_server_keys_default_to_the_library_limits_and_reach_it() -> None:
     }
     config = parse_config(minimal(server=server))
     assert server_limits(config) == ServerLimits(4096, 2.5, 8, 2)
+
+
+def test_a_post_route_gets_its_params_and_body_after_the_token_and_the_length(
+    engine: SqlEngine,
+) -> None:
+    seen: list[tuple[dict[str, str], str, bytes]] = []
+
+    def handler(params: dict[str, str], content_type: str, body: bytes) -> Reply:
+        seen.append((params, content_type, body))
+        return Reply(429, "application/json", b'{"error": "full"}', retry_after_s=3.2)
+
+    server = HttpQueryServer(
+        engine,
+        token=TOKEN,
+        post_routes={"/insert": PostRoute(handler)},
+        limits=ServerLimits(max_request_bytes=1000, request_timeout=WAIT_S),
+    )
+    server.start()
+    try:
+        # No token, a body over the cap, a GET: refused before the handler or the body.
+        head = "POST /insert HTTP/1.1\r\nHost: x\r\n"
+        for request, status, kind in [
+            (f"{head}Content-Length: 1000\r\n\r\n", 401, "unauthenticated"),
+            (f"{head}{AUTH}Content-Length: 1001\r\n\r\n", 413, "too_large"),
+            (f"GET /insert HTTP/1.1\r\n{AUTH}Connection: close\r\n\r\n", 405, "method_not_allowed"),
+        ]:
+            got, _, body, _ = exchange(server, request)
+            assert (got, error_of(body)) == (status, kind)
+        assert seen == []
+        payload = b'{"id": 1}\n'
+        request = (
+            f"POST /insert?pipeline=events&writer=w HTTP/1.1\r\nHost: x\r\n{AUTH}"
+            "Content-Type: application/x-ndjson\r\nConnection: close\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        got, headers, body, _ = exchange(server, request + payload.decode())
+        assert (got, body, headers["retry-after"]) == (429, b'{"error": "full"}', "3")
+        assert seen == [({"pipeline": "events", "writer": "w"}, "application/x-ndjson", payload)]
+    finally:
+        server.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hakafka.coordination.fenced import StoredCheckpoint
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.drift import cluster_settings
 from hakafka.ops.cluster import OpsError
 from hakafka.ops.reshard import move_checkpoints, target_settings
@@ -76,3 +77,19 @@ def test_a_reshard_changes_the_layout_only() -> None:
     ) as refused:
         target_settings(recorded, other)
     assert "shard_count: recorded" not in str(refused.value)
+
+
+def test_push_writers_positions_stay_in_their_shard() -> None:
+    # Writers are numbered per shard: their positions (@push) are not partitions of the
+    # topic and do not move, so a retry after the reshard is still known as one.
+    target = cluster_settings(config())
+    checkpoints = {
+        (0, "orders"): StoredCheckpoint({"orders": {0: 5}, PUSH_TOPIC: {-1: 1 << 20}}, 3),
+        (1, "orders"): StoredCheckpoint({"orders": {1: 6}, PUSH_TOPIC: {-1: 7}}, 4),
+    }
+    new, moves = move_checkpoints(target, checkpoints)
+    assert new == {
+        (0, "orders"): {PUSH_TOPIC: {-1: 1 << 20}, "orders": {0: 5}},
+        (1, "orders"): {PUSH_TOPIC: {-1: 7}, "orders": {1: 6}},
+    }
+    assert [m.partition for m in moves] == [0, 1]

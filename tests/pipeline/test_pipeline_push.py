@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline import PipelineLeader
 from hakafka.pipeline.push import (
-    PUSH_TOPIC,
     PushError,
     PushRefusedError,
     PushResult,
@@ -65,6 +65,8 @@ def test_pushes_land_once_beside_the_topic_and_are_answered_once_flushed(
         + [(-2, first_offset(0) + i) for i in range(5)]
     )
     assert h.fenced.writers == {"spark-q1-p0": 0, "spark-q1-p1": 1}
+    labels = {"pipeline": "events", "shard": "0"}
+    assert h.registries[-1].get_sample_value("hakafka_pushed_rows_total", labels) == 505
 
 
 def test_a_batch_that_does_not_fit_is_refused_whole_with_its_column_and_row(
