@@ -117,7 +117,13 @@ class _Handler(BaseHTTPRequestHandler):
         post_route = self.server.post_routes.get(url.path)
         if post_route is not None:
             params = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            reply = post_route.handler(params, self.headers.get("Content-Type") or "", body or b"")
+            try:
+                reply = post_route.handler(
+                    params, self.headers.get("Content-Type") or "", body or b""
+                )
+            except Exception as exc:  # a bug in the route: an answer, not a reset connection
+                self._error(500, "internal", f"{url.path} failed: {type(exc).__name__}")
+                return
             self._send_chunks(reply.status, reply.content_type, [reply.body], reply.retry_after_s)
             return
         self._query(url.query, body)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,14 +23,15 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from buffer.http import Reply
-from hakafka.coordination import CoordinationError, FencedError
+from hakafka.coordination import CoordinationError
 from hakafka.daemon.shard import ShardRunner
 from hakafka.pipeline import PipelineLeader
 from hakafka.pipeline.push import PushError, PushRefusedError
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON_EACH_ROW = ("application/x-ndjson", "application/json")
-PUSH_TIMEOUT_S = 60.0  # a batch waits for its flush: seconds (the buffer's min_age)
+PUSH_TIMEOUT_S = 60.0  # a batch waits for its flush (seconds: the buffer's min_age)
+_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 class _BadRequestError(ValueError):
@@ -43,6 +45,7 @@ class InsertRoute:
 
     runners: Callable[[], Sequence[ShardRunner]]
     leader_of: Callable[[int], tuple[str, str] | None]
+    configured: Callable[[], frozenset[str]]  # the pipelines of this node's config
     timeout_s: float = PUSH_TIMEOUT_S
 
     def __call__(self, params: dict[str, str], content_type: str, body: bytes) -> Reply:
@@ -63,7 +66,7 @@ class InsertRoute:
         except PushRefusedError as exc:
             kind = "buffer_full" if exc.status == 429 else "unavailable"
             return _answer(exc.status, {"error": kind, "message": str(exc)}, exc.retry_after_s)
-        except (FencedError, CoordinationError) as exc:
+        except CoordinationError as exc:  # FencedError included: the term ended
             return _answer(503, {"error": "unavailable", "message": str(exc)}, 1.0)
         except TimeoutError:
             message = (
@@ -86,6 +89,9 @@ class InsertRoute:
     def _pipeline(self, name: str, shard: int | None) -> PipelineLeader | Reply:
         """The leading pipeline `name` of `shard` here (of the one shard this node leads for
         it, when none is named), or the reply that says where to push instead."""
+        if name not in self.configured():
+            known = ", ".join(sorted(self.configured()))
+            raise _BadRequestError(f"no pipeline {name!r} here (pipelines: {known})")
         runners = self.runners()
         served = [r.shard for r in runners]
         led = {
@@ -102,6 +108,10 @@ class InsertRoute:
             return led[shard]
         if shard not in served:
             raise _BadRequestError(f"this node does not serve shard {shard} (it serves {served})")
+        if any(r.shard == shard and r.leading for r in runners):
+            # Led here, but the pipeline is not running: paused by ops, or its term starting.
+            message = f"pipeline {name!r} of shard {shard} is not running here now"
+            return _answer(503, {"error": "unavailable", "message": message}, 1.0)
         leader = self.leader_of(shard)
         body = {
             "error": "not_leader",
@@ -121,7 +131,7 @@ def _text(params: Mapping[str, str], key: str) -> str:
 
 def _number(params: Mapping[str, str], key: str) -> int:
     value = params.get(key, "")
-    if not value.isdigit():
+    if not _DIGITS.fullmatch(value):
         raise _BadRequestError(f"parameter {key} must be a number >= 0, got {value!r}")
     return int(value)
 

@@ -177,7 +177,11 @@ class Daemon:
                 },
                 post_routes={
                     "/insert": PostRoute(
-                        InsertRoute(runners=lambda: self.runners, leader_of=self._leader_http)
+                        InsertRoute(
+                            runners=lambda: self.runners,
+                            leader_of=self._leader_http,
+                            configured=lambda: frozenset(p.name for p in self.config.pipelines),
+                        )
                     )
                 },
                 forward=self._forward,

@@ -20,6 +20,7 @@ from hakafka.consumer.topic_offsets import TopicOffsets, Watermarks
 from hakafka.coordination import Coordinator, PendingIntent
 from hakafka.coordination.fenced import StoredCheckpoint
 from hakafka.coordination.pause import StoredPause, StoredPending
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.ops.cluster import OpsError, UsageError, format_table
 from hakafka.ops.pause import held
 from hakafka.settings import shard_assignment
@@ -223,6 +224,14 @@ def drop_pending(
     def plan(pending: StoredPending | None, stored: StoredCheckpoint) -> Offsets:
         if pending is None:
             raise OpsError(f"shard {shard}, pipeline {pipeline}: no block is pending")
+        if pending.intent.ranges.get(PUSH_TOPIC):
+            # Skipping them would answer the writers' retries as duplicates of rows that may
+            # never have landed.
+            raise OpsError(
+                f"shard {shard}, pipeline {pipeline}: block {pending.intent.block_id} holds "
+                "pushed rows; it cannot be dropped: lead the shard from the node whose WAL "
+                "has them (hakafka failover --to), which re-flushes it"
+            )
         checkpoint = {t: dict(parts) for t, parts in stored.offsets.items()}
         for block_topic, parts in pending.intent.ranges.items():
             target = checkpoint.setdefault(block_topic, {})

@@ -177,8 +177,8 @@ class FlushLane:
                     raise PushedRowsMissingError(
                         f"block {pending.intent.block_id} holds rows pushed by writer "
                         f"partitions {pushed} that no WAL here has, and Kafka cannot give "
-                        "them back; lead from the node that flushed it, or drop the pending "
-                        "block (its pushed rows were never acknowledged)"
+                        "them back: lead the shard from the node that flushed it (hakafka "
+                        "failover --to), whose WAL has them"
                     )
                 rows, dead = self._retry(
                     "refetch",

@@ -40,7 +40,7 @@ from hakafka.config import PipelineBufferConfig, PipelineConfig
 from hakafka.consumer import DecodeError, Decoder, ShardAssignment
 from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
-from hakafka.coordination import Checkpoint, FencedError
+from hakafka.coordination import Checkpoint, FencedError, paths
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
@@ -54,6 +54,7 @@ from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Consumer, LaneParts, PipelineParts, Wal
 from hakafka.pipeline.push import (
     PushDesk,
+    PushError,
     PushRefusedError,
     PushRequest,
     PushResult,
@@ -237,6 +238,10 @@ class PipelineLeader:
                 status=503,
                 retry_after_s=1.0,
             )
+        try:
+            paths.check_name("writer", writer)
+        except ValueError as exc:
+            raise PushError(str(exc)) from None
         partition = self._writers.get(writer)
         if partition is None:
             number = self._parts.fenced.writer_number(self.config.name, writer)

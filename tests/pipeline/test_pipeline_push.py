@@ -11,15 +11,26 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from hakafka.config import parse_config
 from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline import PipelineLeader
 from hakafka.pipeline.push import (
     PushError,
     PushRefusedError,
     PushResult,
+    conform,
     first_offset,
 )
-from tests.pipeline.fakes import TOPIC, Harness, filled_topic, pipeline_config, start, wait_for
+from tests.helpers.configs import minimal
+from tests.pipeline.fakes import (
+    TOPIC,
+    Harness,
+    decoder_for,
+    filled_topic,
+    pipeline_config,
+    start,
+    wait_for,
+)
 
 PARTITIONS, COUNT = 2, 500
 
@@ -85,6 +96,8 @@ def test_a_batch_that_does_not_fit_is_refused_whole_with_its_column_and_row(
     nulls = pa.table({"user": ["a", None], "amount": [1, 2]})
     with pytest.raises(PushError, match=r"column 'user', row 1: null in a required column"):
         leader.push("w", 0, nulls, timeout=10.0)
+    with pytest.raises(PushError, match=r"invalid writer name 'a b'"):
+        leader.push("a b", 0, batch(0, 1), timeout=10.0)
     # Nothing of them was applied: the same sequence goes in afterwards.
     assert leader.push("w", 0, batch(0, 3), timeout=30.0) == PushResult(3, False)
 
@@ -149,3 +162,39 @@ def _answer(
         into.set_result(leader.push(writer, seq, table, timeout=30.0))
     except Exception as exc:
         into.set_exception(exc)
+
+
+def test_conform_checks_values_as_the_kafka_path_does() -> None:
+    # A value ClickHouse would refuse never gets into the WAL: a bad push must not become a
+    # pending block that no flush can land.
+    config = parse_config(
+        minimal(
+            pipelines=[
+                {
+                    "name": "events",
+                    "topic": TOPIC,
+                    "table": "events",
+                    "columns": {
+                        "id": "UUID",
+                        "kind": "Enum8('a' = 1, 'b' = 2)",
+                        "note": "Nullable(String)",
+                    },
+                }
+            ]
+        )
+    )
+    schema = decoder_for(config.pipelines[0]).schema
+    uuid = "8c5f2c8e-1f3a-4b53-9f0e-2b6c1d4e5f60"
+    good = pa.table({"id": [uuid], "kind": ["b"]})
+    rows = conform(good, schema, -3, 9)
+    assert rows.column("_partition").to_pylist() == [-3]
+    assert rows.column("_offset").to_pylist() == [first_offset(9)]
+    assert rows.column("note").to_pylist() == [None]  # absent and not required: null
+    with pytest.raises(PushError, match=r"column 'id'.*row 1"):
+        conform(pa.table({"id": [uuid, "not-a-uuid"], "kind": ["a", "a"]}), schema, -1, 0)
+    with pytest.raises(PushError, match=r"column 'kind'.*row 0"):
+        conform(pa.table({"id": [uuid], "kind": ["c"]}), schema, -1, 0)
+    with pytest.raises(PushError, match=r"column 'id' is given twice"):
+        conform(
+            pa.Table.from_arrays([pa.array([uuid]), pa.array([uuid])], ["id", "id"]), schema, -1, 0
+        )
