@@ -157,8 +157,9 @@ class FencedState:
         raise CoordinationError(f"{path}: write_pending kept racing with itself; gave up")
 
     def writer_number(self, pipeline: str, writer: str) -> int:
-        """`writer`'s number among `pipeline`'s push writers in this shard, numbered now if
-        it has none (a fenced write: FencedError once this term is over)."""
+        """`writer`'s number among `pipeline`'s push writers, numbered now for this shard if
+        it has none (a fenced write: FencedError once this term is over);
+        WriterElsewhereError if it pushes to another shard."""
         self._require_leading("writer_number")
         return add_writer(
             self._session,
@@ -166,7 +167,7 @@ class FencedState:
             pipeline,
             writer,
             fence=lambda txn: txn.check(paths.epoch(self.shard), self.token),
-            commit=lambda txn: self._commit(txn, paths.writers(self.shard, pipeline), "writer"),
+            commit=lambda txn: self._commit(txn, paths.writers(pipeline), "writer"),
         )
 
     def commit_checkpoint(self, pipeline: str, offsets: Checkpoint) -> Checkpoint:

@@ -98,10 +98,13 @@ def pending(shard_id: int, name: str) -> str:
     return f"{pipeline(shard_id, name)}/pending"
 
 
-def writers(shard_id: int, name: str) -> str:
-    """The parent of the pipeline's push writers: `<writer>@<sequence>` children, whose
-    ZooKeeper sequence numbers the writer (`coordination/writers.py`)."""
-    return f"{pipeline(shard_id, name)}/writers"
+WRITERS = "/writers"  # push writers, per pipeline, for every shard
+
+
+def writers(name: str) -> str:
+    """The parent of the pipeline's push writers: `<writer>@<shard>@<sequence>` children,
+    whose ZooKeeper sequence numbers the writer (`coordination/writers.py`)."""
+    return f"{WRITERS}/{check_name('pipeline', name)}"
 
 
 def paused_pipelines(shard_id: int) -> str:

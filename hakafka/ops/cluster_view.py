@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from chlib.cluster import Cluster, ShardReplicas
 from hakafka.config import Config, PipelineConfig, load_config
+from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.ops.cluster import OpsError, connect
 from hakafka.ops.query import query_shards
 from hakafka.settings import client_tls, shard_replicas
@@ -50,12 +51,14 @@ class LeaderBuffers:
 
     def checkpoint(self) -> dict[int, int]:
         """Partition -> next offset, merged over the shards (a partition's checkpoint lives in
-        the one shard that owns it)."""
+        the one shard that owns it; a push writer's, negative, in the one it pushes to)."""
         merged: dict[int, int] = {}
         with connect(self.config) as coordinator:
             for shard in range(self.config.shard_count):
                 stored = coordinator.pauses.checkpoint(shard, self.pipeline.name)
                 merged.update(stored.offsets.get(self.pipeline.topic, {}))
+                # Push writers are numbered for the whole cluster: unique over the shards.
+                merged.update(stored.offsets.get(PUSH_TOPIC, {}))
         return merged
 
 

@@ -41,6 +41,7 @@ from hakafka.consumer import DecodeError, Decoder, ShardAssignment
 from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
 from hakafka.coordination import Checkpoint, FencedError, paths
+from hakafka.coordination.writers import WriterElsewhereError
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
@@ -244,7 +245,10 @@ class PipelineLeader:
             raise PushError(str(exc)) from None
         partition = self._writers.get(writer)
         if partition is None:
-            number = self._parts.fenced.writer_number(self.config.name, writer)
+            try:
+                number = self._parts.fenced.writer_number(self.config.name, writer)
+            except WriterElsewhereError as exc:
+                raise PushError(str(exc)) from None
             partition = self._writers.setdefault(writer, writer_partition(number))
         rows = conform(table, self.decoder.schema, partition, sequence)
         request = PushRequest(writer, partition, sequence, rows)

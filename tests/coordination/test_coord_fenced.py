@@ -10,6 +10,7 @@ from kazoo.client import KazooClient
 from devstack.process import wait_until
 from hakafka.coordination import FencedError, PendingIntent, paths
 from hakafka.coordination.fenced import CheckpointRegressionError
+from hakafka.coordination.writers import WriterElsewhereError
 
 
 def lead(coordinators: Any, node: str = "n1") -> Any:
@@ -154,3 +155,21 @@ def test_the_monotonic_check_holds_against_a_write_between_read_and_commit(
     assert len(writes) == 1, "the concurrent write happened once, between read and commit"
     # The multi-op checked the version it compared against: 200 never overwrote 500.
     assert data == b'{"t":{"0":500}}'
+
+
+@pytest.mark.integration
+def test_push_writers_are_numbered_once_for_the_cluster_and_bound_to_one_shard(
+    coordinators: Any,
+) -> None:
+    zero = lead(coordinators, "n1").fenced()
+    one = coordinators("n2").join(1)
+    assert one.wait_leader(10), "n2 did not lead shard 1"
+    other = one.fenced()
+    assert zero.writer_number("orders", "spark-q1-p0") == 0
+    assert zero.writer_number("orders", "spark-q1-p0") == 0  # known: not numbered again
+    assert other.writer_number("orders", "spark-q1-p1") == 1  # unique over the shards
+    with pytest.raises(WriterElsewhereError, match=r"pushes to shard 0 .* not to shard 1"):
+        other.writer_number("orders", "spark-q1-p0")
+    assert zero.writer_number("refunds", "spark-q1-p0") == 0  # pipelines number apart
+    with pytest.raises(ValueError, match="invalid writer name"):
+        zero.writer_number("orders", "a/b")
