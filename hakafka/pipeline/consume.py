@@ -19,7 +19,6 @@ from typing import Protocol
 import pyarrow as pa
 
 from buffer import BufferFull, OffsetRange
-from buffer.table import batch_nbytes
 from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.context import PipelineContext
@@ -28,10 +27,10 @@ from hakafka.pipeline.lane_reader import LaneBatch, LaneReader
 from hakafka.pipeline.parts import Wal
 from hakafka.pipeline.push import (
     PushDesk,
-    PushError,
     PushRefusedError,
     PushRequest,
     PushResult,
+    settle,
 )
 from hakafka.pipeline.state import PipelineStopped, Waiting
 from hakafka.pipeline.walcodec import WalBatch, decode, encode
@@ -217,25 +216,18 @@ class ConsumeLane:
             return
         rows = request.rows
         if rows.num_rows == 0:
-            request.done.set_result(PushResult(0, duplicate=False))
+            settle(request.done, PushResult(0, duplicate=False))
             return
-        buffer, size = context.buffer, batch_nbytes(rows)
-        if size > buffer.limit_bytes:
-            request.done.set_exception(
-                PushError(
-                    f"{size} bytes in one batch: more than the pipeline's buffer "
-                    f"holds (limit_bytes {buffer.limit_bytes}); push it in smaller batches"
-                )
-            )
-            return
+        buffer, size = context.buffer, request.nbytes
         if buffer.nbytes + size > buffer.limit_bytes:
-            request.done.set_exception(
+            settle(
+                request.done,
                 PushRefusedError(
                     f"{buffer.nbytes} bytes buffered of {buffer.limit_bytes}: "
                     f"{size} more would pass the limit",
                     status=429,
                     retry_after_s=1.0,
-                )
+                ),
             )
             return
         # From where the writer's last batch ended, as a Kafka record starts at the
@@ -247,7 +239,7 @@ class ConsumeLane:
             position = wal.append(header, payload)
             wal.sync()  # acknowledged data is on disk whatever the WAL's fsync policy
         except BaseException as exc:
-            request.done.set_exception(exc)
+            settle(request.done, exc)
             raise
         context.index.add(position, {partition: span})
         self.append(rows, None, ranges)

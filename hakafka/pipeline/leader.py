@@ -151,7 +151,7 @@ class PipelineLeader:
             crash=self._crash,
             log=self._log,
         )
-        self._desk = PushDesk()
+        self._desk = PushDesk(lambda: self.buffer.limit_bytes)
         self._writers: dict[str, int] = {}  # push writer -> its partition, this term
         self._consume = ConsumeLane(context, desk=self._desk)
         self._schemas = SchemaConverter(config.name, decoder.schema)
@@ -251,9 +251,19 @@ class PipelineLeader:
                 raise PushError(str(exc)) from None
             partition = self._writers.setdefault(writer, writer_partition(number))
         rows = conform(table, self.decoder.schema, partition, sequence)
-        request = PushRequest(writer, partition, sequence, rows)
+        request = PushRequest(partition, sequence, rows)
+        if request.nbytes > self.buffer.limit_bytes:
+            raise PushError(
+                f"{request.nbytes} bytes in one batch: more than the pipeline's buffer holds "
+                f"(limit_bytes {self.buffer.limit_bytes}); push it in smaller batches"
+            )
         self._desk.submit(request)
-        return request.done.result(timeout)
+        try:
+            return request.done.result(timeout)
+        except TimeoutError:
+            # Not applied yet: it never will be (the retry will). Applied: it still flushes.
+            request.done.cancel()
+            raise
 
     @property
     def running(self) -> bool:

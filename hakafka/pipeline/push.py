@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -30,6 +30,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from buffer.table import batch_nbytes
 from hakafka.consumer import PipelineSchema
 from hakafka.consumer.convert import ChunkError, convert_column
 from hakafka.consumer.schema import ColumnSpec
@@ -103,11 +104,14 @@ class PushResult:
 class PushRequest:
     """One pushed batch on its way to the pipeline thread; `done` answers it."""
 
-    writer: str
     partition: int
     sequence: int
     rows: pa.RecordBatch  # the pipeline's rows schema, meta columns set (`conform`)
     done: Future[PushResult] = field(default_factory=Future)
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbytes = batch_nbytes(self.rows)
 
     @property
     def first(self) -> int:
@@ -117,6 +121,26 @@ class PushRequest:
     def end(self) -> int:
         """The offset after the batch's last row."""
         return self.first + int(self.rows.num_rows)
+
+
+@dataclass(frozen=True)
+class _Flushing:
+    """An applied push waiting for a checkpoint to reach `end` (its rows let go)."""
+
+    partition: int
+    end: int
+    done: Future[PushResult]
+    result: PushResult
+
+
+def settle(done: Future[PushResult], result: PushResult | BaseException) -> None:
+    """Answer `done` unless its caller gave up (cancelled on a timeout) or it was answered."""
+    if done.done():
+        return
+    if isinstance(result, BaseException):
+        done.set_exception(result)
+    else:
+        done.set_result(result)
 
 
 def conform(
@@ -212,62 +236,76 @@ def _meta(f: pa.Field, n: int, partition: int, sequence: int) -> pa.Array:
 
 class PushDesk:
     """Where request threads leave pushes for the pipeline thread, and wait until a
-    checkpoint covers them; shared by both (its own lock)."""
+    checkpoint covers them; shared by both (its own lock). Queued pushes count against
+    `limit_bytes()` (the pipeline's buffer limit): past it a push gets 429 at once, so a
+    held pipeline thread never lets pushes pile up in memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit_bytes: Callable[[], int]) -> None:
+        self._limit_bytes = limit_bytes
         self._lock = threading.Lock()
         self._queue: list[PushRequest] = []
-        self._flushing: list[tuple[PushRequest, PushResult]] = []
+        self._queued_bytes = 0
+        self._flushing: list[_Flushing] = []
         self._checkpoint: dict[int, int] = {}
         self._closed: str | None = None
 
     def submit(self, request: PushRequest) -> None:
-        """Queue `request` for the pipeline thread (answered at once if the desk closed)."""
+        """Queue `request` for the pipeline thread; answered at once if the desk closed, or
+        with 429 if the queued pushes would pass the limit."""
+        refusal: PushRefusedError | None = None
         with self._lock:
-            if self._closed is None:
+            limit = self._limit_bytes()
+            if self._closed is not None:
+                refusal = _unavailable(self._closed)
+            elif self._queued_bytes + request.nbytes > limit:
+                refusal = PushRefusedError(
+                    f"{self._queued_bytes} bytes of pushes wait for the pipeline thread: "
+                    f"{request.nbytes} more would pass the buffer limit ({limit})",
+                    status=429,
+                    retry_after_s=1.0,
+                )
+            else:
                 self._queue.append(request)
-                return
-        request.done.set_exception(_unavailable(self._closed))
+                self._queued_bytes += request.nbytes
+        if refusal is not None:
+            settle(request.done, refusal)
 
     def take(self) -> list[PushRequest]:
-        """The pipeline thread: every queued push, oldest first."""
+        """The pipeline thread: every queued push, oldest first (not those whose caller
+        gave up: not applied, they are pushed again)."""
         with self._lock:
-            taken, self._queue = self._queue, []
-        return taken
+            taken, self._queue, self._queued_bytes = self._queue, [], 0
+        return [r for r in taken if not r.done.cancelled()]
 
     def applied(self, request: PushRequest, result: PushResult) -> None:
         """`request` is in the WAL and the buffer (or was before): answer it once a
         checkpoint reaches its end."""
+        waiting = _Flushing(request.partition, request.end, request.done, result)
         with self._lock:
-            if self._checkpoint.get(request.partition, -1) < request.end:
-                self._flushing.append((request, result))
+            if self._checkpoint.get(waiting.partition, -1) < waiting.end:
+                self._flushing.append(waiting)
                 return
-        request.done.set_result(result)
+        settle(waiting.done, result)
 
     def committed(self, checkpoint: Mapping[int, int]) -> None:
         """The flush lane committed `checkpoint` (next offset per partition): answer the
         pushes it covers."""
         with self._lock:
             self._checkpoint = dict(checkpoint)
-            done = [
-                (r, res) for r, res in self._flushing if checkpoint.get(r.partition, -1) >= r.end
-            ]
-            self._flushing = [
-                (r, res) for r, res in self._flushing if checkpoint.get(r.partition, -1) < r.end
-            ]
-        for request, result in done:
-            request.done.set_result(result)
+            covered = [w for w in self._flushing if checkpoint.get(w.partition, -1) >= w.end]
+            self._flushing = [w for w in self._flushing if checkpoint.get(w.partition, -1) < w.end]
+        for waiting in covered:
+            settle(waiting.done, waiting.result)
 
     def close(self, why: str) -> None:
         """The term ends: every push not yet answered is told to try again (at the next
         leader: retries are applied once)."""
         with self._lock:
             self._closed = why
-            waiting = list(self._queue) + [r for r, _ in self._flushing]
-            self._queue, self._flushing = [], []
-        for request in waiting:
-            if not request.done.done():
-                request.done.set_exception(_unavailable(why))
+            waiting = [r.done for r in self._queue] + [w.done for w in self._flushing]
+            self._queue, self._queued_bytes, self._flushing = [], 0, []
+        for done in waiting:
+            settle(done, _unavailable(why))
 
 
 def _unavailable(why: str) -> PushRefusedError:

@@ -15,8 +15,10 @@ from hakafka.config import parse_config
 from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline import PipelineLeader
 from hakafka.pipeline.push import (
+    PushDesk,
     PushError,
     PushRefusedError,
+    PushRequest,
     PushResult,
     conform,
     first_offset,
@@ -198,3 +200,30 @@ def test_conform_checks_values_as_the_kafka_path_does() -> None:
         conform(
             pa.Table.from_arrays([pa.array([uuid]), pa.array([uuid])], ["id", "id"]), schema, -1, 0
         )
+
+
+def test_the_desk_bounds_what_waits_and_forgets_pushes_given_up() -> None:
+    rows = pa.record_batch({"a": pa.array(range(1000), pa.int64())})
+    one = PushRequest(-1, 0, rows)
+    limit = one.nbytes * 2
+    desk = PushDesk(lambda: limit)
+    desk.submit(one)
+    desk.submit(two := PushRequest(-1, 1, rows))
+    # A third would pass the limit while the pipeline thread is held: 429 at once.
+    desk.submit(three := PushRequest(-2, 0, rows))
+    with pytest.raises(PushRefusedError, match="would pass the buffer limit") as refused:
+        three.done.result(0)
+    assert refused.value.status == 429
+    # A caller that gave up (its timeout) is not applied: it will push again.
+    assert two.done.cancel()
+    assert desk.take() == [one]
+    desk.applied(one, PushResult(1000, False))
+    assert not one.done.done()  # waits for the checkpoint
+    desk.committed({-1: one.end})
+    assert one.done.result(0) == PushResult(1000, False)
+    # Taken, the queue's bytes count no more.
+    desk.submit(four := PushRequest(-2, 0, rows))
+    assert not four.done.done()
+    desk.close("stopped")
+    with pytest.raises(PushRefusedError, match="push again"):
+        four.done.result(0)
