@@ -248,13 +248,16 @@ class PendingIntent:
     """A flush intent (`pipelines/<p>/pending`): the exact offset ranges of the block in
     flight, written before the block goes to ClickHouse, with the plan a re-flush follows:
     its `tasks` and the `settings` that decided its rows (format, on_error, transform,
-    columns). An intent written by a version before plans has neither (empty)."""
+    columns), and the `pushed` batches it holds, each ``(partition, sequence, rows)``: what
+    a leader whose WAL lacks them awaits from the writers' retries. An intent written by a
+    version before plans has none of these (empty)."""
 
     block_id: str
     ranges: OffsetRanges
     epoch: int
     tasks: tuple[TaskRecord, ...] = ()
     settings: tuple[tuple[str, str], ...] = ()
+    pushed: tuple[tuple[int, int, int], ...] = ()
 
     def encode(self) -> bytes:
         ranges = {
@@ -265,6 +268,8 @@ class PendingIntent:
         if self.tasks:
             value["tasks"] = [task.to_json() for task in self.tasks]
             value["settings"] = dict(self.settings)
+        if self.pushed:
+            value["pushed"] = [list(b) for b in self.pushed]
         return _dump(value)
 
     @classmethod
@@ -281,12 +286,17 @@ class PendingIntent:
         not_a_plan = "'tasks' must be a list, 'settings' an object"
         tasks = v.get("tasks", list, [], type_problem=not_a_plan)
         settings = v.get("settings", dict, {}, type_problem=not_a_plan)
+        try:
+            pushed = tuple((int(p), int(s), int(n)) for p, s, n in v.get("pushed", list, []))
+        except (TypeError, ValueError) as exc:
+            raise CorruptZnodeError(f"znode {path}: bad 'pushed' ({exc})") from None
         return cls(
             block_id=v.required("block_id", str),
             ranges=ranges,
             epoch=v.required("epoch", int),
             tasks=tuple(TaskRecord.from_json(path, t) for t in tasks),
             settings=tuple(sorted((str(k), str(val)) for k, val in settings.items())),
+            pushed=pushed,
         )
 
 

@@ -229,8 +229,9 @@ def drop_pending(
             # never have landed.
             raise OpsError(
                 f"shard {shard}, pipeline {pipeline}: block {pending.intent.block_id} holds "
-                "pushed rows; it cannot be dropped: lead the shard from the node whose WAL "
-                "has them (hakafka failover --to), which re-flushes it"
+                "pushed rows; it cannot be dropped: the leader re-flushes it from its WAL, "
+                "or, where the WAL lacks them, once their writers push them again (hakafka "
+                "status names those it awaits)"
             )
         checkpoint = {t: dict(parts) for t, parts in stored.offsets.items()}
         for block_topic, parts in pending.intent.ranges.items():

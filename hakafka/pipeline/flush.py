@@ -17,6 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import pyarrow as pa
+
 from buffer import OffsetRange, Thresholds, should_flush
 from chlib.tables import SchemaMismatchError, UnsafeTableError
 from hakafka.consumer import Decoder, OffsetOutOfRangeError
@@ -34,10 +36,12 @@ from hakafka.pipeline.buffer import PipelineBlock, make_block
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.parts import OffsetsMirror, PipelineParts, Wal
 from hakafka.pipeline.push import (
+    Batch,
     PushDesk,
     PushedRowsMissingError,
     by_topic,
     kafka_only,
+    pushed_batches,
     topic_of,
 )
 from hakafka.pipeline.replay import checkpoint_offsets
@@ -164,34 +168,17 @@ class FlushLane:
 
     def _reflush(self, pending: PendingReflush) -> None:
         """Flush exactly the pending ranges again, with the same block id (same tokens)."""
-        context, topic = self.context, self.context.config.topic
+        context = self.context
         context.status.reflushing, context.status.pending_block = True, pending.intent.block_id
         # In flight from here (a re-fetch can take a while): stop(grace) waits, then abandons.
         context.signals.begin_flush()
         try:
             if (local := self._wal_block(pending)) is not None:
                 source, block = "wal", local
+                if self.desk is not None:
+                    self.desk.retried()  # retries taken aside meanwhile are not needed
             else:
-                source = "kafka"
-                if pushed := sorted(p for p in pending.ranges if p < 0):
-                    raise PushedRowsMissingError(
-                        f"block {pending.intent.block_id} holds rows pushed by writer "
-                        f"partitions {pushed} that no WAL here has, and Kafka cannot give "
-                        "them back: lead the shard from the node that flushed it (hakafka "
-                        "failover --to), whose WAL has them"
-                    )
-                rows, dead = self._retry(
-                    "refetch",
-                    None,
-                    lambda: self.parts.refetch(pending.ranges, self.decoder, self._step),
-                )
-                context.status.refetched_rows += rows.num_rows
-                block = make_block(
-                    pending.intent.block_id,
-                    {(topic_of(p, topic), p): r for p, r in pending.ranges.items()},
-                    rows,
-                    dead,
-                )
+                block, source = self._rebuilt(pending)
             context.log.info(
                 "pending.reflush",
                 block=block.block_id,
@@ -206,6 +193,60 @@ class FlushLane:
         finally:
             context.status.reflushing = False
             context.signals.flush_idle.set()
+
+    def _rebuilt(self, pending: PendingReflush) -> tuple[PipelineBlock, str]:
+        """The pending block rebuilt without the local WAL, and from where: its Kafka ranges
+        re-read, its pushed batches from their writers' retries."""
+        context, topic = self.context, self.context.config.topic
+        kafka, sources = kafka_only(pending.ranges), []
+        rows: pa.Table | None = None
+        dead: pa.Table | None = None
+        if kafka:
+            sources.append("kafka")
+            rows, dead = self._retry(
+                "refetch", None, lambda: self.parts.refetch(kafka, self.decoder, self._step)
+            )
+            context.status.refetched_rows += rows.num_rows
+        if len(kafka) < len(pending.ranges):
+            sources.append("retries")
+            pushed = pa.Table.from_batches(self._retries(pending))
+            rows = pushed if rows is None else pa.concat_tables([rows, pushed.cast(rows.schema)])
+        assert rows is not None, "a pending block has ranges"
+        block = make_block(
+            pending.intent.block_id,
+            {(topic_of(p, topic), p): r for p, r in pending.ranges.items()},
+            rows,
+            dead,
+        )
+        return block, "+".join(sources)
+
+    def _retries(self, pending: PendingReflush) -> list[pa.RecordBatch]:
+        """The pending block's pushed batches, as their writers push them again (they were
+        never answered; recovery told the desk to take them aside: `PushDesk.await_retries`);
+        waits, saying so, until all came."""
+        context, intent = self.context, pending.intent
+        if self.desk is None or not intent.pushed:
+            writers = sorted(p for p in pending.ranges if p < 0)
+            raise PushedRowsMissingError(
+                f"block {intent.block_id} holds rows pushed by writer partitions {writers} "
+                "that no WAL here has, and its intent does not list their batches: lead the "
+                "shard from the node that flushed it (hakafka failover --to)"
+            )
+        desk, signals = self.desk, context.signals
+        waiter = Waiter(signals.stop, signals.beat, WAL_PASS_CHECK_S)
+
+        def all_retried(timeout: float) -> bool:
+            if desk.all_retried.wait(timeout):
+                return True
+            context.status.wait(Waiting.PUSH_RETRIES, _awaited(intent.block_id, desk.awaited()))
+            return False
+
+        try:
+            if not waiter.until(all_retried):
+                raise PipelineStopped("stopped while awaiting pushes again")
+        finally:
+            context.status.done_waiting(Waiting.PUSH_RETRIES)
+        return desk.retried()
 
     def _wal_block(self, pending: PendingReflush) -> PipelineBlock | None:
         """The pending block from the local WAL once recovery's pass has decided (None: from
@@ -243,6 +284,7 @@ class FlushLane:
                     self.parts.fenced.epoch,
                     planned.tasks,
                     block_settings(context.config),
+                    pushed_batches(block.rows.table),
                 )
                 signals.wait_gate()
                 self.parts.fenced.write_pending(name, intent)
@@ -352,3 +394,15 @@ class FlushLane:
                 self.context.log.info(
                     "wal.truncated", segments=[p.name for p in removed], before=str(point)
                 )
+
+
+def _awaited(block_id: str, batches: list[Batch]) -> str:
+    """What a re-flush awaits from writers, in words."""
+    shown = ", ".join(
+        f"writer {-1 - p} sequence {seq} ({rows} rows)" for p, seq, rows in batches[:5]
+    )
+    more = f" and {len(batches) - 5} more" if len(batches) > 5 else ""
+    return (
+        f"block {block_id} holds pushed batches no WAL here has: {shown}{more}; "
+        "they are flushed once their writers push them again"
+    )

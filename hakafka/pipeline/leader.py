@@ -466,6 +466,9 @@ class PipelineLeader:
         starts = dict(self._flush.checkpoint)
         if pending is None:
             return starts, None
+        # Before any push is taken: a writer's retry of a batch the block holds, however
+        # early, goes aside for the re-flush in case no WAL here has it.
+        self._desk.await_retries(pending.pushed)
         wanted = pending_ranges(pending, topic)
         gathered = _PendingFromWal(pending.block_id, PendingScan(topic, wanted), Future())
         self._flush.pending = PendingReflush(pending, wanted, gathered.block)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -77,8 +77,33 @@ class PushError(ValueError):
 
 
 class PushedRowsMissingError(Exception):
-    """A pending block holds pushed rows that no WAL of this node has (Kafka cannot give them
-    back); the message names the block and the writers."""
+    """A pending block holds pushed rows that no WAL of this node has and its intent does not
+    list the batches to await from the writers; the message names the block and writers."""
+
+
+Batch = tuple[int, int, int]
+"""A pushed batch as a pending intent lists it: (partition, sequence, rows)."""
+
+
+def pushed_batches(rows: pa.Table) -> tuple[Batch, ...]:
+    """The pushed batches among a block's `rows`, by partition and sequence."""
+    partitions = rows.column("_partition")
+    mine = rows.filter(pc.less(partitions, 0))
+    if mine.num_rows == 0:
+        return ()
+    sequences = pc.shift_right(mine.column("_offset"), SEQUENCE_BITS)
+    counted = (
+        pa.table({"p": mine.column("_partition"), "s": sequences})
+        .group_by(["p", "s"])
+        .aggregate([([], "count_all")])
+    )
+    found = zip(
+        counted.column("p").to_pylist(),
+        counted.column("s").to_pylist(),
+        counted.column("count_all").to_pylist(),
+        strict=True,
+    )
+    return tuple(sorted((int(p), int(s), int(n)) for p, s, n in found))
 
 
 class PushRefusedError(Exception):
@@ -248,15 +273,23 @@ class PushDesk:
         self._flushing: list[_Flushing] = []
         self._checkpoint: dict[int, int] = {}
         self._closed: str | None = None
+        # A pending block's batches that no WAL here has: their retries are taken aside.
+        self._awaited: dict[tuple[int, int], int] = {}
+        self._retried: dict[tuple[int, int], pa.RecordBatch] = {}
+        self.all_retried = threading.Event()
+        """Set once every awaited batch was pushed again (see `await_retries`)."""
 
     def submit(self, request: PushRequest) -> None:
         """Queue `request` for the pipeline thread; answered at once if the desk closed, or
         with 429 if the queued pushes would pass the limit."""
-        refusal: PushRefusedError | None = None
+        refusal: Exception | None = None
+        key = (request.partition, request.sequence)
         with self._lock:
             limit = self._limit_bytes()
             if self._closed is not None:
                 refusal = _unavailable(self._closed)
+            elif key in self._awaited:
+                refusal = self._retry_of_pending(request, self._awaited[key])
             elif self._queued_bytes + request.nbytes > limit:
                 refusal = PushRefusedError(
                     f"{self._queued_bytes} bytes of pushes wait for the pipeline thread: "
@@ -269,6 +302,53 @@ class PushDesk:
                 self._queued_bytes += request.nbytes
         if refusal is not None:
             settle(request.done, refusal)
+
+    def await_retries(self, batches: Iterable[Batch]) -> None:
+        """Recovery: the pending block holds `batches` (partition, sequence, rows) that a WAL
+        here may lack. Their writers never had them answered, so they push them again:
+        from now those retries are taken aside for the re-flush (`retried`), not applied,
+        and answered once a checkpoint covers them; `all_retried` is set once all came."""
+        with self._lock:
+            self._awaited = {(p, seq): rows for p, seq, rows in batches}
+            self._retried = {}
+            self.all_retried.clear()
+            if not self._awaited:
+                self.all_retried.set()
+
+    def awaited(self) -> list[Batch]:
+        """The awaited batches no retry has brought yet."""
+        with self._lock:
+            return [
+                (p, s, n)
+                for (p, s), n in sorted(self._awaited.items())
+                if (p, s) not in self._retried
+            ]
+
+    def retried(self) -> list[pa.RecordBatch]:
+        """The awaited batches' rows, by partition and sequence (once `all_retried`); later
+        pushes of them are retries of applied batches again."""
+        with self._lock:
+            found = [self._retried[key] for key in sorted(self._retried)]
+            self._awaited, self._retried = {}, {}
+        return found
+
+    def _retry_of_pending(self, request: PushRequest, rows: int) -> Exception | None:
+        """Take `request` aside for the re-flush (under the lock); the error to answer it
+        with if it is not the batch the pending block holds."""
+        if request.rows.num_rows != rows:
+            return PushError(
+                f"sequence {request.sequence} of this writer was applied with {rows} rows "
+                f"before a failover and is being flushed again; this retry has "
+                f"{request.rows.num_rows}: push the same batch"
+            )
+        key = (request.partition, request.sequence)
+        self._retried[key] = request.rows
+        self._flushing.append(
+            _Flushing(request.partition, request.end, request.done, PushResult(rows, False))
+        )
+        if len(self._retried) == len(self._awaited):
+            self.all_retried.set()
+        return None
 
     def take(self) -> list[PushRequest]:
         """The pipeline thread: every queued push, oldest first (not those whose caller

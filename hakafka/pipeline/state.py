@@ -51,6 +51,9 @@ class Waiting(StrEnum):
     """Flushes (or table creation) fail in a row: the block is retried."""
     BUFFER_FULL = "buffer_full"
     """Consumption paused at the buffer limit until a flush commits."""
+    PUSH_RETRIES = "awaiting_push_retries"
+    """The pending block holds pushed batches no WAL here has: flushed once their writers
+    push them again (they were never answered)."""
     CHECKPOINT_OVERDUE = "checkpoint_overdue"
     """A new term found data waiting (a pending block, WAL rows, Kafka lag) and has not
     committed yet: counted from the shard's last checkpoint, by whichever term wrote it, so

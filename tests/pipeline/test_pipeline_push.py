@@ -157,6 +157,55 @@ def test_the_next_term_replays_pushed_rows_from_the_wal_and_takes_retries_once(
     assert pushed_offsets(h) == [(-1, first_offset(7) + i) for i in range(50)]
 
 
+def test_a_pending_block_whose_pushed_rows_died_with_their_leader_is_rebuilt_from_retries(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # The first block holds the topic's 10 rows and the push (min_rows); its insert lands and
+    # the term ends before the checkpoint: the push was never answered.
+    h = Harness(tmp_path, pipeline_config(min_rows=60), filled_topic(1, 10))
+    h.sink.gate.clear()
+    first = start(h, leaders)
+    assert first.wait_consuming(30.0), first.status
+    unanswered: Future[PushResult] = Future()
+    threading.Thread(
+        target=lambda: _answer(unanswered, first, "w", 7, batch(0, 50)), daemon=True
+    ).start()
+    wait_for(h.sink.entered.is_set, "the first flush")
+    h.fenced.fenced = True
+    h.sink.gate.set()
+    wait_for(lambda: bool(h.sink.rows), "the insert to land")
+    first.stop(5.0)
+    with pytest.raises(PushRefusedError, match="push again"):
+        unanswered.result(10.0)
+    intent = h.fenced.pending
+    assert intent is not None and intent.pushed == ((-1, 7, 50),)
+    # The next leader is another node: its WAL has neither the rows nor the push.
+    h.fenced = h.fenced.next_term()
+    h.wal_dir_name = "another-node-wal"
+    second = start(h, leaders)
+    assert second.wait_consuming(30.0), second.status
+    wait_for(
+        lambda: any(w.kind == "awaiting_push_retries" for w in second.status.current_waits()),
+        "the re-flush to await the writer",
+    )
+    (wait,) = [w for w in second.status.current_waits() if w.kind == "awaiting_push_retries"]
+    assert f"block {intent.block_id} holds pushed batches" in wait.detail
+    assert "writer 0 sequence 7 (50 rows)" in wait.detail
+    assert h.fenced.commits == 0  # nothing flushed before the pending block
+    # Not the batch the block holds: refused whole, the block still waits for it.
+    with pytest.raises(PushError, match=r"sequence 7 .* applied with 50 rows .* this retry has 3"):
+        second.push("w", 7, batch(0, 3), timeout=10.0)
+    assert second.push("w", 7, batch(0, 50), timeout=30.0) == PushResult(50, False)
+    assert h.fenced.checkpoint[PUSH_TOPIC] == {-1: first_offset(7) + 50}
+    # Once in ClickHouse (the same tokens), and the writer goes on from there.
+    assert pushed_offsets(h) == [(-1, first_offset(7) + i) for i in range(50)]
+    assert [(p, o) for p, o in h.sink.offsets() if p >= 0] == [(0, o) for o in range(10)]
+    assert second.push("w", 7, batch(0, 50), timeout=30.0) == PushResult(0, True)
+    assert second.push("w", 8, batch(50, 60), timeout=30.0) == PushResult(60, False)
+    assert len(pushed_offsets(h)) == 110
+    assert not any(w.kind == "awaiting_push_retries" for w in second.status.current_waits())
+
+
 def _answer(
     into: Future[PushResult], leader: PipelineLeader, writer: str, seq: int, table: pa.Table
 ) -> None:
