@@ -23,6 +23,7 @@ from hakafka.ops.handlers import (
     clickhouse_type_problem,
     load_with_table_columns,
 )
+from hakafka.ops.push import MAX_ROWS, MAX_SEQUENCE, FileFormat
 
 # `clickhouse_type_problem` too: tests/consumer read configs with the check every command uses.
 __all__ = ["build_parser", "clickhouse_type_problem", "main"]
@@ -103,6 +104,21 @@ def _add_wait(
     parser.add_argument(
         "--wait", type=float, default=default, metavar="SECONDS", help=f"{purpose} ({default_text})"
     )
+
+
+def _at_least(low: int, high: int) -> Any:
+    """An argparse type: an int within `low`..`high`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not within {low}..{high}")
+        return value
+
+    return parse
 
 
 def _add_reason(parser: argparse.ArgumentParser, default: str, recorded_with: str) -> None:
@@ -228,6 +244,45 @@ def _add_ops_commands(commands: Any) -> None:
         help="answer from the shards whose leader answers; name the skipped ones on stderr",
     )
     query.set_defaults(handler=handlers.query_command)
+
+    push = commands.add_parser(
+        "push",
+        help="push a file's rows into a pipeline's buffer (CSV, JSONEachRow, Arrow)",
+        description="Push FILE's rows into the pipeline's buffer on the shard's leader, in "
+        "batches of --batch-rows, each acknowledged once flushed to ClickHouse. Batch k is "
+        "sequence --first-sequence + k of the writer (named after the file unless --writer "
+        "says): the same command run again after a failure pushes the same batches, and "
+        "those applied before are not applied again. Progress goes to stderr.",
+    )
+    _add_config(push)
+    push.add_argument("file", metavar="FILE", type=Path, help="the rows to push")
+    _add_pipeline(push, "the pipeline whose buffer takes the rows", required=True)
+    _add_shard(push, "the shard whose leader takes them (default 0)")
+    push.add_argument(
+        "--format", choices=[str(f) for f in FileFormat], help="default: from the extension"
+    )
+    push.add_argument("--writer", help="the writer id (default: push-<digest of the path>)")
+    push.add_argument(
+        "--batch-rows",
+        type=_at_least(1, MAX_ROWS),
+        default=10_000,
+        metavar="N",
+        help="rows per batch (default 10000)",
+    )
+    push.add_argument(
+        "--first-sequence",
+        type=_at_least(0, MAX_SEQUENCE),
+        default=0,
+        metavar="N",
+        help="the first batch's sequence (default 0)",
+    )
+    _add_wait(
+        push,
+        "how long one batch may wait for a leader that takes it",
+        default=120.0,
+        default_text="default 120",
+    )
+    push.set_defaults(handler=handlers.push_command)
 
     _add_pipeline_commands(commands)
 

@@ -231,6 +231,68 @@ def query_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def push_command(args: argparse.Namespace) -> int:
+    """`push`: a file's rows into a pipeline's buffer on the shard's leader; progress on
+    stderr, the outcome on stdout."""
+    import time
+
+    from buffer.push_client import Pusher, PushRejectedError, PushUnavailableError
+    from hakafka.ops import push
+    from hakafka.ops.cluster import OpsError, UsageError, check_shard, connect
+    from hakafka.ops.pause import pipeline_name
+    from hakafka.settings import client_tls
+
+    config = load(args.config)
+    name = pipeline_name(config, args.pipeline)
+    shard = check_shard(config, args.shard if args.shard is not None else 0)
+    path: Path = args.file
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    fmt = push.file_format(path, args.format)
+    writer = args.writer or push.default_writer(path)
+    size = push.file_size(path)
+    print(f"hakafka: pushing {path} as writer {writer} into {name}, shard {shard}", file=sys.stderr)
+    with connect(config) as coordinator:
+
+        def urls() -> list[str]:
+            # The leader first, then the shard's other candidates: each names the leader.
+            nodes = coordinator.nodes()
+            leader = coordinator.leader_of(shard)
+            order = ([leader.node] if leader else []) + coordinator.candidates(shard)
+            return [nodes[n].http for n in dict.fromkeys(order) if n in nodes and nodes[n].http]
+
+        pusher = Pusher(
+            urls,
+            name,
+            shard,
+            writer,
+            token=config.server.token.value or None,
+            tls=client_tls(config),
+            wait_s=args.wait,
+        )
+        progress = push.Progress()
+        began = time.monotonic()
+        try:
+            push.push_file(
+                pusher,
+                push.batches(path, fmt, args.batch_rows, progress),
+                progress,
+                first_sequence=args.first_sequence,
+                report=lambda p, s: print(
+                    f"hakafka: {push.describe(p, s, size)}", file=sys.stderr, flush=True
+                ),
+            )
+        except (PushRejectedError, PushUnavailableError) as exc:
+            raise OpsError(
+                f"batch {progress.batches} (sequence {args.first_sequence + progress.batches}, "
+                f"rows from {progress.batches * args.batch_rows}) of {path}: {exc}; "
+                f"{progress.batches} batches before it are acknowledged: run the same command "
+                "again to go on (they are not applied twice)"
+            ) from None
+    print(push.describe(progress, time.monotonic() - began, size))
+    return EXIT_OK
+
+
 def pipeline_command(args: argparse.Namespace) -> int:
     """`pipeline pause|resume`: the pipeline paused (its leaders stopped it) or resumed."""
     from hakafka.ops import pause

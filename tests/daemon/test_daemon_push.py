@@ -1,13 +1,14 @@
 """`POST /insert` on the real stack: batches pushed into a pipeline's buffer beside its Kafka
 topic land in ClickHouse once per (writer, sequence), through a kill -9 of the leader; a
 follower names the leader; a batch that does not fit is refused whole, naming the column and
-the row."""
+the row; `hakafka push` killed after its first batch and run again pushes each batch once."""
 
 from __future__ import annotations
 
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -16,7 +17,9 @@ import pytest
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic
 from devstack.records import produce as produce_records
+from hakafka.ops.push import default_writer
 from hakafka.pipeline.push import first_offset
+from tests.commands import hakafka
 from tests.helpers.landing import assert_exactly_once, landed
 from tests.helpers.waiting import wait_for
 
@@ -63,7 +66,7 @@ def pushed(writer_partition: int, sequence: int, count: int) -> set[tuple[int, i
 
 
 def test_pushes_land_once_beside_kafka_through_a_leader_killed(
-    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any, tmp_path: Path
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
@@ -107,16 +110,41 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
     status, answer = push(follower, "w2", 0, as_json(rows(0, 10)), "application/x-ndjson")
     assert (status, answer["rows"]) == (200, 10), answer
 
+    # `hakafka push` of a CSV file, as if killed after its first batch (the file then held
+    # that batch only), run again over the whole file: the first batch is applied once.
+    csv_file = tmp_path / "orders.csv"
+    csv_file.write_text("id,kind,amount\n" + "".join(f"{i},csv,{i}.5\n" for i in range(1000)))
+    config = str(follower.config_path)
+    command = ("push", "--config", config, "--pipeline", "events", "--batch-rows", "1000")
+    done = hakafka(*command, str(csv_file))
+    assert done.code == 0, done.err
+    assert done.out.startswith("1000 rows in 1 batches"), done.out
+    csv_file.write_text("id,kind,amount\n" + "".join(f"{i},csv,{i}.5\n" for i in range(2500)))
+    done = hakafka(*command, str(csv_file))
+    assert done.code == 0, done.err
+    assert done.out.startswith("1500 rows in 3 batches (1 applied before)"), done.out
+    assert f"as writer {default_writer(csv_file)}" in done.err
+    # A file whose rows do not fit: refused, naming the batch, the column and the row.
+    bad_file = tmp_path / "bad.jsonl"
+    bad_file.write_text('{"id": 1, "kind": "x", "amount": 1}\n{"id": 2, "kind": null}\n')
+    done = hakafka(*command, "--writer", "bad", str(bad_file))
+    assert done.code == 1
+    assert "batch 0 (sequence 0, rows from 0)" in done.err, done.err
+    assert "column 'kind', row 1: null in a required column" in done.err, done.err
+
     expected = (
         produced.good
         | pushed(-1, 0, 100)
         | pushed(-1, 1, 50)
         | pushed(-1, 2, 25)
         | pushed(-2, 0, 10)
+        | pushed(-3, 0, 1000)
+        | pushed(-3, 1, 1000)
+        | pushed(-3, 2, 500)
     )
     wait_for(lambda: landed(ch_client, "events") >= len(expected), 120, "every row")
     assert_exactly_once(ch_client, "events", expected)
     kinds = ch_client.query(
-        "SELECT _partition < 0, kind = 'push', count() FROM events GROUP BY 1, 2 ORDER BY 1"
+        "SELECT _partition < 0, kind = 'push', count() FROM events GROUP BY 1, 2 ORDER BY 1, 2"
     ).result_rows
-    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 1, 185)]
+    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 2500), (1, 1, 185)]

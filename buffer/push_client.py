@@ -1,0 +1,166 @@
+"""A writer's client of `POST /insert`: pushes one batch at a time to the shard's leader and
+retries it, the same (writer, sequence), until it is acknowledged (which the server applies
+once however often it arrives).
+
+Where to push: `urls()` gives the nodes to try (asked again before each round, so a caller
+that reads the cluster's registry follows a failover). A node that does not lead the shard
+answers 421 naming the leader's address, which is tried next (one hop). Not now (429 at the
+buffer limit, 503 no pipeline running, 504 not flushed in time, a refused or dropped
+connection): the batch is pushed again after the server's Retry-After, or a short pause, up
+to `wait_s`. A batch the server refuses as such (400) or a refused token (401, 403) fails at
+once: pushing it again cannot help.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import pyarrow as pa
+
+from buffer.auth import bearer_header
+from buffer.client import open_url
+from buffer.tls import ClientTls
+from retry_policy import Backoff
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_AGAIN = frozenset({421, 429, 502, 503, 504})
+
+
+class PushRejectedError(Exception):
+    """The server refused the batch (400) or the token (401, 403): the message is its own."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PushUnavailableError(Exception):
+    """No node acknowledged the batch within the wait; the message names the last reason."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """An acknowledged batch: `rows` applied (0 and `duplicate` for a batch applied before),
+    after `attempts` requests."""
+
+    rows: int
+    duplicate: bool
+    attempts: int
+
+
+@dataclass
+class Pusher:
+    """Pushes `writer`'s batches into `pipeline` of `shard`, at the nodes `urls()` names
+    (HTTP base URLs such as ``http://host:8300``)."""
+
+    urls: Callable[[], Sequence[str]]
+    pipeline: str
+    shard: int
+    writer: str
+    token: str | None = None
+    tls: ClientTls | None = None
+    wait_s: float = 120.0
+    """How long one batch may take, retries included, before PushUnavailableError."""
+    request_timeout_s: float = 75.0
+    """One request's wait: longer than the server's own (60 s), which then answers 504."""
+    retry: Backoff = field(default_factory=lambda: Backoff(0.2, 2.0, jitter=0.5))
+    _leader: str | None = None  # the last node that acknowledged, tried first
+
+    def push(self, sequence: int, batch: pa.Table | pa.RecordBatch) -> Pushed:
+        """Push `batch` as `sequence` until acknowledged (see the module)."""
+        body = _arrow_stream(batch)
+        deadline = time.monotonic() + self.wait_s
+        attempts, rounds, last, pause = 0, 0, "no node to push to", 0.0
+        while True:
+            tried: set[str] = set()
+            queue = deque([*([self._leader] if self._leader else []), *self.urls()])
+            while queue:
+                url = queue.popleft()
+                if url in tried:
+                    continue
+                tried.add(url)
+                attempts += 1
+                answer = self._post(url, sequence, body)
+                if answer.status == 200:
+                    self._leader = url
+                    return Pushed(
+                        int(answer.body["rows"]), bool(answer.body["duplicate"]), attempts
+                    )
+                last = f"{url}: {answer.message}"
+                if answer.status not in _AGAIN:
+                    raise PushRejectedError(answer.message, answer.status)
+                pause = max(pause, answer.retry_after_s)
+                leader = answer.body.get("http")
+                if answer.status == 421 and isinstance(leader, str):
+                    queue.appendleft(leader)  # the hop the node named
+            self._leader = None
+            rounds += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PushUnavailableError(
+                    f"writer {self.writer} sequence {sequence} to pipeline {self.pipeline} "
+                    f"shard {self.shard}: not acknowledged within {self.wait_s:g} s "
+                    f"(last: {last})"
+                )
+            time.sleep(min(left, max(pause, self.retry.delay(rounds))))
+            pause = 0.0
+
+    def _post(self, url: str, sequence: int, body: bytes) -> _Answer:
+        """One push to `url`; a failed connection answers as a 503 would."""
+        params = urlencode(
+            {
+                "pipeline": self.pipeline,
+                "shard": self.shard,
+                "writer": self.writer,
+                "sequence": sequence,
+            }
+        )
+        headers = {"Content-Type": ARROW_STREAM}
+        if self.token is not None:
+            headers["Authorization"] = bearer_header(self.token)
+        request = urllib.request.Request(
+            f"{url.rstrip('/')}/insert?{params}", data=body, method="POST", headers=headers
+        )
+        try:
+            with open_url(request, self.tls, self.request_timeout_s) as response:
+                return _Answer(int(response.status), _json(response.read()), 0.0)
+        except urllib.error.HTTPError as exc:
+            retry_after = exc.headers.get("Retry-After", "") if exc.headers else ""
+            wait = float(retry_after) if retry_after.isdigit() else 0.0
+            return _Answer(exc.code, _json(exc.read()), wait)
+        except (urllib.error.URLError, OSError) as exc:
+            return _Answer(503, {"message": f"no answer ({exc})"}, 0.0)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: dict[str, Any]
+    retry_after_s: float
+
+    @property
+    def message(self) -> str:
+        return str(self.body.get("message", f"HTTP {self.status}"))
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"message": raw[:200].decode("utf-8", "replace")}
+    return value if isinstance(value, dict) else {"message": str(value)}
+
+
+def _arrow_stream(batch: pa.Table | pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write(batch)
+    return bytes(sink.getvalue().to_pybytes())
