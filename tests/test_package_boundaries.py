@@ -16,7 +16,7 @@ from tests.source_imports import ROOT, imports, module_of, source_files, within
 # Each library and the other libraries it may import.
 BUILDS_ON: dict[str, tuple[str, ...]] = {
     "wal": (),
-    "buffer": (),
+    "buffer": ("retry_policy",),
     "retry_policy": (),
     "chlib": ("retry_policy",),
     "spark_bridge": ("chlib",),
