@@ -81,7 +81,7 @@ def open_url(request: urllib.request.Request, tls: ClientTls | None, timeout_s: 
     `tls` (the system CAs without one); with `tls`, an http URL raises PlainTextRefusedError.
     A redirect raises RedirectRefusedError; another error status raises HTTPError, a failed
     connection or handshake URLError."""
-    _require_tls(request.full_url, tls)
+    require_tls(request.full_url, tls)
     handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
     if tls is not None:
         handlers.append(urllib.request.HTTPSHandler(context=tls.context()))
@@ -123,7 +123,8 @@ def query(
     )
 
 
-def _require_tls(url: str, tls: ClientTls | None) -> None:
+def require_tls(url: str, tls: ClientTls | None) -> None:
+    """PlainTextRefusedError if `tls` is required and `url` is not a TLS one."""
     if tls is not None and urlsplit(url).scheme not in _TLS_SCHEMES:
         raise PlainTextRefusedError(
             f"{url} is not TLS, and this client requires TLS: it would send the bearer token "
@@ -141,7 +142,7 @@ def _query_flight(
     forwarded_by: str | None,
     shard: int | None,
 ) -> pa.Table:
-    _require_tls(url, tls)
+    require_tls(url, tls)
     headers = [(b"authorization", bearer_header(token).encode())] if token else []
     if forwarded_by is not None:
         headers.append((FORWARDED_BY_HEADER.encode(), forwarded_by.encode()))

@@ -1,14 +1,18 @@
-"""Arrow Flight query service: ``do_get`` with an SQL ticket, ``list_flights`` of the tables."""
+"""Arrow Flight query service: ``do_get`` with an SQL ticket, ``list_flights`` of the tables,
+and ``do_put`` of batches into a handler the owner passes in."""
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from buffer.auth import bearer_ok
 from buffer.client import FORWARDED_BY, FORWARDED_BY_HEADER, SHARD_HEADER
+from buffer.http import Reply
 from buffer.limits import ServerLimits
 from buffer.observe import Outcome, QueryObserver, observed
 from buffer.sql import (
@@ -62,6 +66,25 @@ def _flight_error(exc: QueryError) -> fl.FlightError:
     return fl.FlightServerError(str(exc), exc.kind.encode())
 
 
+PutHandler = Callable[[list[str], pa.Table], Reply]
+"""Takes a ``do_put``: the descriptor's path and the rows sent; answers as an HTTP route
+would (JSON with a ``message``): 200 goes back as the put's metadata, an error status as
+the Flight error of its kind (see ``FlightQueryServer``)."""
+
+
+def _put_error(reply: Reply) -> fl.FlightError:
+    """A put's error answer as a Flight-kind error, its JSON as the extra info."""
+    try:
+        message = str(json.loads(reply.body).get("message", reply.status))
+    except (ValueError, AttributeError):
+        message = f"status {reply.status}"
+    if reply.status in (421, 429, 503):
+        return fl.FlightUnavailableError(message, reply.body)
+    if reply.status == 504:
+        return fl.FlightTimedOutError(message, reply.body)
+    return fl.FlightServerError(message, reply.body)
+
+
 class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     """Serves ``engine`` on grpc://host:port, or grpc+tls://host:port with ``tls``; port 0
     picks a free port (see ``port``).
@@ -79,7 +102,13 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
     A ticket that is not UTF-8 gets a server error saying so; over
     ``limits.max_concurrent_queries`` running queries, an unavailable error at once. Every
     error sent is of a Flight kind, so none carries the server's traceback (nor does the
-    unknown table of ``get_flight_info``). ``observe`` hears of every query answered
+    unknown table of ``get_flight_info``).
+    ``do_put`` (with ``put``): a path descriptor names the target; the rows, at most
+    ``limits.max_request_bytes`` of them (past it a server error, ``too_large``, and the
+    rest is not read), go to ``put``, whose answer comes back as the put's one metadata
+    message (200) or as an error: 421, 429, 503 -> unavailable, 504 -> timed out, any other
+    -> a server error; each carries the answer's JSON as its extra info.
+    ``observe`` hears of every query answered
     (protocol ``flight``, result, seconds until the result is ready to stream). It serves
     from construction until ``shutdown()``.
     Do not call ``serve()`` in a process that handles signals: it only waits, and while it
@@ -99,8 +128,10 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         limits: ServerLimits | None = None,
         tls: ServerTls | None = None,
         observe: QueryObserver | None = None,
+        put: PutHandler | None = None,
     ) -> None:
         self._observe = observe
+        self._put = put
         self._auth = _BearerFactory(token)
         self._scheme = "grpc" if tls is None else "grpc+tls"
         super().__init__(
@@ -112,6 +143,7 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
         self.host = host
         self._forward = forward
         self._cap = (limits or ServerLimits()).max_concurrent_queries
+        self._max_put_bytes = (limits or ServerLimits()).max_request_bytes
         self._queries = threading.BoundedSemaphore(self._cap)
 
     def reconfigure(self, token: str | None) -> None:
@@ -155,6 +187,36 @@ class FlightQueryServer(fl.FlightServerBase):  # type: ignore[misc]
             outcome.result = exc.kind
             raise _flight_error(exc) from None
         return fl.RecordBatchStream(table)
+
+    def do_put(
+        self,
+        context: fl.ServerCallContext,
+        descriptor: fl.FlightDescriptor,
+        reader: fl.MetadataRecordBatchReader,
+        writer: fl.FlightMetadataWriter,
+    ) -> None:
+        if self._put is None:
+            raise fl.FlightServerError("this server takes no puts", b"not_supported")
+        if descriptor.descriptor_type != fl.DescriptorType.PATH:
+            raise fl.FlightServerError(
+                "name the put's target with a path descriptor", b"bad_request"
+            )
+        batches, size = [], 0
+        for chunk in reader:
+            if chunk.data is None:
+                continue
+            size += chunk.data.nbytes
+            if size > self._max_put_bytes:
+                raise fl.FlightServerError(
+                    f"more than {self._max_put_bytes} bytes in one put (server.max_request_bytes)",
+                    b"too_large",
+                )
+            batches.append(chunk.data)
+        path = [part.decode("utf-8", "replace") for part in descriptor.path]
+        reply = self._put(path, pa.Table.from_batches(batches, schema=reader.schema))
+        if reply.status != 200:
+            raise _put_error(reply)
+        writer.write(pa.py_buffer(reply.body))
 
     def _info(self, view: TableView) -> fl.FlightInfo:
         endpoint = fl.FlightEndpoint(f'SELECT * FROM "{view.name}"', [self.location])

@@ -1,12 +1,15 @@
-"""`POST /insert?pipeline=P&writer=W&sequence=N[&shard=S]`: a batch pushed into a pipeline's
-buffer on this node, which must lead the shard (`PipelineLeader.push`, `pipeline/push.py`).
+"""`POST /insert?pipeline=P&writer=W&sequence=N[&shard=S]`, and Flight `do_put` with the path
+descriptor `[P, S, W, N]`: a batch pushed into a pipeline's buffer on this node, which must
+lead the shard (`PipelineLeader.push`, `pipeline/push.py`).
 
-The body is an Arrow IPC stream (`Content-Type: application/vnd.apache.arrow.stream`) or
-JSONEachRow (`application/x-ndjson`, one object per line). Answers are JSON:
+The HTTP body is an Arrow IPC stream (`Content-Type: application/vnd.apache.arrow.stream`)
+or JSONEachRow (`application/x-ndjson`, one object per line). Answers are JSON (over Flight:
+the put's metadata, or an error's extra info, `buffer.flight`):
 - 200 `{"rows": n, "duplicate": false}` once a checkpoint covers the batch (`duplicate`
   true, rows 0: a retry of a batch applied before);
 - 400 a parameter or a batch that does not fit, naming the column, the row and why;
-- 421 this node does not lead the shard: the answer names the leader and its address;
+- 421 this node does not lead the shard: the answer names the leader and its HTTP and
+  Flight addresses;
 - 429 / 503 not now (the buffer at its limit; the pipeline not consuming), with Retry-After;
 - 504 not answered within the timeout: push the same batch again, it is applied once.
 """
@@ -31,6 +34,7 @@ from hakafka.pipeline.push import PushError, PushRefusedError
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON_EACH_ROW = ("application/x-ndjson", "application/json")
 PUSH_TIMEOUT_S = 60.0  # a batch waits for its flush (seconds: the buffer's min_age)
+PUT_PATH = ("pipeline", "shard", "writer", "sequence")  # a Flight put's descriptor path
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
@@ -40,15 +44,26 @@ class _BadRequestError(ValueError):
 
 @dataclass(frozen=True)
 class InsertRoute:
-    """The `buffer.http.PostRoute` handler of `/insert` over this node's shard `runners`;
-    `leader_of(shard)` names the shard's leader and its HTTP address (None: no leader)."""
+    """The `buffer.http.PostRoute` handler of `/insert` (and, `put`, the Flight server's)
+    over this node's shard `runners`; `leader_of(shard)` names the shard's leader and its
+    HTTP and Flight addresses (None: no leader)."""
 
     runners: Callable[[], Sequence[ShardRunner]]
-    leader_of: Callable[[int], tuple[str, str] | None]
+    leader_of: Callable[[int], tuple[str, str, str] | None]
     configured: Callable[[], frozenset[str]]  # the pipelines of this node's config
     timeout_s: float = PUSH_TIMEOUT_S
 
     def __call__(self, params: dict[str, str], content_type: str, body: bytes) -> Reply:
+        return self._push(params, lambda: _table(content_type, body))
+
+    def put(self, path: list[str], table: pa.Table) -> Reply:
+        """A Flight put whose descriptor path is `[pipeline, shard, writer, sequence]`."""
+        if len(path) != len(PUT_PATH):
+            message = f"a put's descriptor path is {list(PUT_PATH)}, got {path}"
+            return _answer(400, {"error": "bad_request", "message": message})
+        return self._push(dict(zip(PUT_PATH, path, strict=True)), lambda: table)
+
+    def _push(self, params: dict[str, str], rows: Callable[[], pa.Table]) -> Reply:
         try:
             name, writer = _text(params, "pipeline"), _text(params, "writer")
             sequence = _number(params, "sequence")
@@ -56,7 +71,7 @@ class InsertRoute:
             target = self._pipeline(name, shard)
             if isinstance(target, Reply):
                 return target
-            table = _table(content_type, body)
+            table = rows()
         except _BadRequestError as exc:
             return _answer(400, {"error": "bad_request", "message": str(exc)})
         try:
@@ -118,6 +133,7 @@ class InsertRoute:
             "message": f"this node does not lead shard {shard} of pipeline {name!r}",
             "leader": None if leader is None else leader[0],
             "http": None if leader is None else leader[1],
+            "flight": None if leader is None else leader[2],
         }
         return _answer(421, body, None if leader is not None else 1.0)
 

@@ -150,6 +150,11 @@ class Daemon:
         flight_ep, http_ep = config.server.flight, config.server.http
         limits = server_limits(config)
         tls = server_tls(config)
+        inserts = InsertRoute(
+            runners=lambda: self.runners,
+            leader_of=self._leader_endpoints,
+            configured=lambda: frozenset(p.name for p in self.config.pipelines),
+        )
         with _listening("server.flight", str(flight_ep)):
             self.flight = FlightQueryServer(
                 self.engine,
@@ -160,6 +165,7 @@ class Daemon:
                 limits=limits,
                 tls=tls,
                 observe=self.metrics.observe_query,
+                put=inserts.put,
             )
         with _listening("server.http", str(http_ep)):
             self.http = HttpQueryServer(
@@ -175,15 +181,7 @@ class Daemon:
                     "/status/history": Route(self._history_route),
                     "/metrics": Route(self._metrics_route, public=True),
                 },
-                post_routes={
-                    "/insert": PostRoute(
-                        InsertRoute(
-                            runners=lambda: self.runners,
-                            leader_of=self._leader_http,
-                            configured=lambda: frozenset(p.name for p in self.config.pipelines),
-                        )
-                    )
-                },
+                post_routes={"/insert": PostRoute(inserts)},
                 forward=self._forward,
                 limits=limits,
                 tls=tls,
@@ -466,15 +464,17 @@ class Daemon:
             self.logs.level = config.log_level
         log.info("config.reloaded", applied=list(plan.applied), refused=len(plan.refused))
 
-    def _leader_http(self, shard: int) -> tuple[str, str] | None:
-        """`shard`'s leader and its HTTP address as ZooKeeper names them (None: no leader,
-        or ZooKeeper cannot say now)."""
+    def _leader_endpoints(self, shard: int) -> tuple[str, str, str] | None:
+        """`shard`'s leader and its HTTP and Flight addresses as ZooKeeper names them (None:
+        no leader, or ZooKeeper cannot say now)."""
         try:
             info = self.coordinator.leader_of(shard)
             found = None if info is None else self.coordinator.nodes().get(info.node)
         except CoordinationError:
             return None
-        return None if info is None else (info.node, found.http if found else "")
+        if info is None:
+            return None
+        return (info.node, found.http, found.flight) if found else (info.node, "", "")
 
     def _forward(self, sql: str, params: Mapping[str, str]) -> pa.Table | None:
         """The query servers' `forward` (built before the forwarder, which needs their ports)."""

@@ -14,7 +14,12 @@ from urllib.parse import parse_qs, urlsplit
 import pyarrow as pa
 import pytest
 
+from buffer.flight import FlightQueryServer
+from buffer.http import Reply
+from buffer.limits import ServerLimits
 from buffer.push_client import Pushed, Pusher, PushRejectedError, PushUnavailableError
+from buffer.sql import SqlEngine
+from hakafka.daemon.insert_route import PUT_PATH
 from retry_policy import Backoff
 
 Answer = tuple[int, dict[str, object]]
@@ -128,3 +133,53 @@ def test_past_the_wait_it_fails_naming_the_last_reason() -> None:
             quick([url], wait_s=1.5).push(2, BATCH)
     # Retry-After (1 s) is honoured: no tight loop.
     assert 2 <= len(script.seen) <= 3
+
+
+def flight_server(engine: SqlEngine, script: Script) -> FlightQueryServer:
+    def put(path: list[str], table: pa.Table) -> Reply:
+        script.seen.append(("", dict(zip(PUT_PATH, path, strict=True)), table.num_rows))
+        status, answer = script.next()
+        return Reply(status, "application/json", json.dumps(answer).encode())
+
+    return FlightQueryServer(engine, put=put, limits=ServerLimits(max_request_bytes=64 << 10))
+
+
+def test_over_flight_a_follower_names_the_leader_and_not_now_is_retried(
+    engine: SqlEngine,
+) -> None:
+    at_leader = Script(
+        [
+            (429, {"error": "buffer_full", "message": "buffer at its limit"}),
+            (200, {"rows": 3, "duplicate": False}),
+        ]
+    )
+    leader = flight_server(engine, at_leader)
+    follower_script = Script(
+        [(421, {"error": "not_leader", "message": "no", "flight": leader.location})]
+    )
+    follower = flight_server(engine, follower_script)
+    try:
+        pusher = quick([follower.location])
+        assert pusher.push(5, BATCH) == Pushed(3, False, 3)
+    finally:
+        leader.shutdown()
+        follower.shutdown()
+    assert [
+        (q["pipeline"], q["shard"], q["writer"], q["sequence"], n) for _, q, n in at_leader.seen
+    ] == [("events", "0", "w", "5", 3)] * 2
+
+
+def test_over_flight_a_bad_batch_fails_with_its_reason_and_a_large_one_is_cut_off(
+    engine: SqlEngine,
+) -> None:
+    script = Script([(400, {"error": "bad_batch", "message": "column 'kind', row 1: null"})])
+    server = flight_server(engine, script)
+    try:
+        with pytest.raises(PushRejectedError, match=r"column 'kind', row 1: null"):
+            quick([server.location]).push(0, BATCH)
+        large = pa.table({"id": list(range(20_000))})  # 160 KB, over the 64 KiB bound
+        with pytest.raises(PushRejectedError, match=r"more than 65536 bytes in one put"):
+            quick([server.location]).push(1, large)
+    finally:
+        server.shutdown()
+    assert len(script.seen) == 1  # the large one never reached the handler

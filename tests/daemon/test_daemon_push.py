@@ -1,7 +1,8 @@
 """`POST /insert` on the real stack: batches pushed into a pipeline's buffer beside its Kafka
 topic land in ClickHouse once per (writer, sequence), through a kill -9 of the leader; a
 follower names the leader; a batch that does not fit is refused whole, naming the column and
-the row; `hakafka push` killed after its first batch and run again pushes each batch once."""
+the row; a Flight put is applied once; `hakafka push` killed after its first batch and run
+again pushes each batch once."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from buffer.push_client import Pushed, Pusher
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic
 from devstack.records import produce as produce_records
@@ -132,6 +134,12 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
     assert "batch 0 (sequence 0, rows from 0)" in done.err, done.err
     assert "column 'kind', row 1: null in a required column" in done.err, done.err
 
+    # Over Flight (do_put, the target in its descriptor), applied once too.
+    flight_rows = pa.Table.from_pylist([{**r, "kind": "flight"} for r in rows(0, 20)])
+    flight = Pusher(lambda: [f"grpc://127.0.0.1:{follower.flight_port}"], "events", 0, "w-flight")
+    assert flight.push(0, flight_rows) == Pushed(20, False, 1)
+    assert flight.push(0, flight_rows).duplicate
+
     expected = (
         produced.good
         | pushed(-1, 0, 100)
@@ -141,10 +149,11 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
         | pushed(-3, 0, 1000)
         | pushed(-3, 1, 1000)
         | pushed(-3, 2, 500)
+        | pushed(-5, 0, 20)
     )
     wait_for(lambda: landed(ch_client, "events") >= len(expected), 120, "every row")
     assert_exactly_once(ch_client, "events", expected)
     kinds = ch_client.query(
         "SELECT _partition < 0, kind = 'push', count() FROM events GROUP BY 1, 2 ORDER BY 1, 2"
     ).result_rows
-    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 2500), (1, 1, 185)]
+    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 2520), (1, 1, 185)]
