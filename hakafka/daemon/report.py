@@ -40,6 +40,7 @@ def pipeline_status(p: PipelineLeader) -> dict[str, Any]:
         "positions": p.positions(),
         "lag": p.lag(),
         "lanes": [asdict(lane) for lane in p.lanes()],
+        "pushed": asdict(p.pushes()),
         "checkpoint": s.checkpoint,
         "pending_block": s.pending_block,
         "reflushing": s.reflushing,

@@ -151,6 +151,7 @@ def _pipelines_of(
                     "waiting": p.get("waiting", []),
                     "lag": {int(k): v for k, v in p["lag"].items()},
                     "lanes": p.get("lanes", []),
+                    "pushed": p.get("pushed"),
                     "buffer_rows": p["buffer_rows"],
                     "buffer_bytes": p["buffer_bytes"],
                     "last_flush_at": p["last_flush_at"],
@@ -250,6 +251,29 @@ def lanes_table(pipelines: list[dict[str, Any]]) -> str | None:
     return format_table(["SHARD", "PIPELINE", "LANE", "PARTITIONS", "ROWS/S", "ROWS", "LAG"], rows)
 
 
+def pushes_table(pipelines: list[dict[str, Any]]) -> str | None:
+    """One row per pipeline that writers push into (None when none does): rows/s, rows
+    since the pipeline started reading, writers, batches not yet answered, and batches a
+    re-flush awaits from their writers."""
+    rows = [
+        [
+            p["shard"],
+            p["pipeline"],
+            f"{pushed['rows_per_s']:,.0f}",
+            pushed["rows"],
+            pushed["writers"],
+            pushed["unanswered"],
+            pushed["awaiting_retries"],
+        ]
+        for p in pipelines
+        if (pushed := p.get("pushed")) and (pushed["writers"] or pushed["rows"])
+    ]
+    if not rows:
+        return None
+    header = ["SHARD", "PIPELINE", "PUSHED ROWS/S", "ROWS", "WRITERS", "UNANSWERED", "AWAITED"]
+    return format_table(header, rows)
+
+
 def _yes_no(value: object) -> str | None:
     return None if value is None else "yes" if value else "no"
 
@@ -336,7 +360,8 @@ def render(status: dict[str, Any]) -> str:
     if status.get("reshard"):
         shards += "\n" + reshard_text(status["reshard"])
     lanes = lanes_table(status["pipelines"])
-    text = "\n\n".join(t for t in (shards, pipelines, lanes, nodes) if t is not None)
+    pushes = pushes_table(status["pipelines"])
+    text = "\n\n".join(t for t in (shards, pipelines, lanes, pushes, nodes) if t is not None)
     refused = [n["node"] for n in status["nodes"] if _unauthorized(n["error"])]
     if refused:
         text += (

@@ -110,6 +110,7 @@ class ConsumeLane:
     positions: dict[int, int] = field(default_factory=dict)
     lanes: list[list[int]] = field(default_factory=list)
     rates: LaneRates = field(default_factory=LaneRates)
+    push_rates: LaneRates = field(default_factory=LaneRates)  # pushed rows, under key 0
     desk: PushDesk | None = None  # where pushed batches wait for this thread
     pushed: dict[int, int] = field(default_factory=dict)  # writer partition -> next offset
 
@@ -146,6 +147,7 @@ class ConsumeLane:
                 self.lanes = lanes
                 context.meters.lanes(len(lanes))
             self.rates.sample()
+            self.push_rates.sample()
             stored = False
             for batch in batches:
                 if not batch.empty:
@@ -245,6 +247,7 @@ class ConsumeLane:
         self.append(rows, None, ranges)
         self.pushed[partition] = request.end
         context.meters.pushed(rows.num_rows)
+        self.push_rates.stored(0, rows.num_rows)
         desk.applied(request, PushResult(rows.num_rows, duplicate=False))
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:

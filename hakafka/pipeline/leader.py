@@ -59,6 +59,7 @@ from hakafka.pipeline.push import (
     PushRefusedError,
     PushRequest,
     PushResult,
+    PushView,
     conform,
     kafka_only,
     topic_of,
@@ -331,6 +332,14 @@ class PipelineLeader:
         """Each consume lane: the partitions it reads (as of the last poll; [] before), the
         rows it stored since the pipeline started reading, its recent rows/s and its lag."""
         return self._consume.rates.views(list(self._consume.lanes), dict(self._consume.lag))
+
+    def pushes(self) -> PushView:
+        """The pipeline's pushes: rows applied and their recent rate, writers, batches not
+        yet answered and those a re-flush awaits from their writers."""
+        (view,) = self._consume.push_rates.views([[]], {})
+        unanswered, awaited = self._desk.counts()
+        writers = len(self._consume.pushed)
+        return PushView(view.rows, view.rows_per_s, writers, unanswered, awaited)
 
     # -- pipeline thread: recovery then consumption ----------------------------------------
 

@@ -149,6 +149,17 @@ class PushRequest:
 
 
 @dataclass(frozen=True)
+class PushView:
+    """A pipeline's pushes as status shows them."""
+
+    rows: int  # applied since the pipeline started reading (retries not counted)
+    rows_per_s: float  # over the last few seconds
+    writers: int  # with a position in this shard (the checkpoint's and this term's)
+    unanswered: int  # batches applied or queued, not yet answered (waiting for a flush)
+    awaiting_retries: int  # a pending block's batches awaited from their writers
+
+
+@dataclass(frozen=True)
 class _Flushing:
     """An applied push waiting for a checkpoint to reach `end` (its rows let go)."""
 
@@ -349,6 +360,12 @@ class PushDesk:
         if len(self._retried) == len(self._awaited):
             self.all_retried.set()
         return None
+
+    def counts(self) -> tuple[int, int]:
+        """(pushes not yet answered, awaited batches no retry brought yet)."""
+        with self._lock:
+            awaited = sum(1 for key in self._awaited if key not in self._retried)
+            return len(self._queue) + len(self._flushing), awaited
 
     def take(self) -> list[PushRequest]:
         """The pipeline thread: every queued push, oldest first (not those whose caller

@@ -25,8 +25,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from buffer.push_client import Pusher
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.process import wait_until
 from devstack.records import create_topic, produce
@@ -197,6 +199,11 @@ def test_status_page_in_a_headless_browser(
         rows = sum(1 for p, _ in produced.good if p % 2 == shard)
         assert (latest[shard]["consumed_rows"], latest[shard]["flushed_rows"]) == (rows, rows)
 
+    # A writer pushes a batch into the first shard this node leads (answered once flushed).
+    pusher = Pusher(lambda: [node.url], "events", led[0], "page-writer", token=TOKEN)
+    batch = pa.table({"id": list(range(40)), "kind": ["push"] * 40, "amount": [0.5] * 40})
+    assert pusher.push(0, batch).rows == 40
+
     # Without the token, or with a wrong one, the page is refused with a Basic challenge.
     for authorization in (None, basic("wrong"), "Bearer wrong"):
         code, headers, _ = get(node, "/", authorization)
@@ -250,6 +257,18 @@ def test_status_page_in_a_headless_browser(
         for row, partition in zip(shown, mine, strict=True):
             read = sum(1 for p, _ in produced.good if p == partition)
             assert (row[3], row[4]) == (str(read), "0"), row
+
+    # The pushes: into the first led shard only.
+    for shard in led:
+        (box,) = dom.find("div", data_pipeline="events", data_shard=str(shard))
+        pushes = dom.find("table", box, **{"class": "pushes"})
+        if shard != led[0]:
+            assert pushes == []
+            continue
+        (table,) = pushes
+        shown = [[td.content for td in dom.find("td", tr)] for tr in dom.find("tr", table)]
+        (row,) = [r for r in shown if r]
+        assert (row[1], row[2], row[3], row[4]) == ("40", "1", "0", "0"), row
 
     lag = dom.by_id("lag-chart")
     rate = dom.by_id("rate-chart")

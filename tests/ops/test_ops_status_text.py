@@ -75,3 +75,21 @@ def test_a_pipeline_read_with_several_lanes_gets_a_row_per_lane() -> None:
     assert lines[header + 3] == ""
     (row,) = [line for line in lines if line.split()[:2] == ["0", "events"] and "|" in line]
     assert "1205 (p0=700 p2=0 | p1=500 p3=5)" in row
+
+
+def test_a_pipeline_written_into_gets_a_row_of_pushes() -> None:
+    pipeline = {"shard": 0, "node": "n1", "pipeline": "events", "state": "consuming",
+                "error": None, "lag": {0: 0}, "lanes": []}  # fmt: skip
+    pushed = {"rows": 120_000, "rows_per_s": 4321.5, "writers": 3, "unanswered": 2,
+              "awaiting_retries": 1}  # fmt: skip
+    idle = {"rows": 0, "rows_per_s": 0.0, "writers": 0, "unanswered": 0, "awaiting_retries": 0}
+    status = {
+        "shards": [],
+        "pipelines": [{**pipeline, "pushed": pushed}, {**pipeline, "shard": 1, "pushed": idle}],
+        "nodes": [],
+    }
+    lines = render(status).splitlines()
+    header = lines.index("SHARD  PIPELINE  PUSHED ROWS/S  ROWS    WRITERS  UNANSWERED  AWAITED")
+    # Shard 1 has no writers: no row.
+    assert lines[header + 1].split() == ["0", "events", "4,322", "120000", "3", "2", "1"]
+    assert header + 2 == len(lines) or lines[header + 2] == ""

@@ -78,6 +78,8 @@ def test_pushes_land_once_beside_the_topic_and_are_answered_once_flushed(
         + [(-2, first_offset(0) + i) for i in range(5)]
     )
     assert h.fenced.writers == {"spark-q1-p0": 0, "spark-q1-p1": 1}
+    view = leader.pushes()
+    assert (view.rows, view.writers, view.unanswered, view.awaiting_retries) == (505, 2, 0, 0)
     labels = {"pipeline": "events", "shard": "0"}
     assert h.registries[-1].get_sample_value("hakafka_pushed_rows_total", labels) == 505
 
@@ -191,6 +193,7 @@ def test_a_pending_block_whose_pushed_rows_died_with_their_leader_is_rebuilt_fro
     (wait,) = [w for w in second.status.current_waits() if w.kind == "awaiting_push_retries"]
     assert f"block {intent.block_id} holds pushed batches" in wait.detail
     assert "writer 0 sequence 7 (50 rows)" in wait.detail
+    assert second.pushes().awaiting_retries == 1
     assert h.fenced.commits == 0  # nothing flushed before the pending block
     # Not the batch the block holds: refused whole, the block still waits for it.
     with pytest.raises(PushError, match=r"sequence 7 .* applied with 50 rows .* this retry has 3"):
