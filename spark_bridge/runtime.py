@@ -155,12 +155,15 @@ def handoff_address(spark: SparkSession) -> tuple[str, str]:
 
 
 def prepare_session(spark: SparkSession) -> None:
-    """Make `spark` ready for the bridge: runtime SQL settings and the `clickhouse` source."""
+    """Make `spark` ready for the bridge: runtime SQL settings, the `hakafka_clickhouse`
+    source and the `hakafka` sink (pushes into pipelines' buffers)."""
     from spark_bridge.datasource import ClickHouseDataSource
+    from spark_bridge.push_sink import PushDataSource
 
     for key, value in SESSION_SQL_CONF.items():
         spark.conf.set(key, value)
     spark.dataSource.register(ClickHouseDataSource)
+    spark.dataSource.register(PushDataSource)
 
 
 class SparkRuntime:

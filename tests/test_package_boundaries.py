@@ -19,7 +19,7 @@ BUILDS_ON: dict[str, tuple[str, ...]] = {
     "buffer": ("retry_policy",),
     "retry_policy": (),
     "chlib": ("retry_policy",),
-    "spark_bridge": ("chlib",),
+    "spark_bridge": ("chlib", "buffer", "retry_policy"),
 }
 PACKAGES = list(BUILDS_ON)
 # Top-level packages of this repository that a library could import by mistake.

@@ -8,7 +8,8 @@ the put's metadata, or an error's extra info, `buffer.flight`):
 - 200 `{"rows": n, "duplicate": false}` once a checkpoint covers the batch (`duplicate`
   true, rows 0: a retry of a batch applied before);
 - 400 a parameter or a batch that does not fit, naming the column, the row and why;
-- 421 this node does not lead the shard: the answer names the leader and its HTTP and
+- 421 this node does not lead the shard (it may not even serve it: any node of the cluster
+  takes pushes for any shard this way): the answer names the leader and its HTTP and
   Flight addresses;
 - 429 / 503 not now (the buffer at its limit; the pipeline not consuming), with Retry-After;
 - 504 not answered within the timeout: push the same batch again, it is applied once.
@@ -51,6 +52,7 @@ class InsertRoute:
     runners: Callable[[], Sequence[ShardRunner]]
     leader_of: Callable[[int], tuple[str, str, str] | None]
     configured: Callable[[], frozenset[str]]  # the pipelines of this node's config
+    shard_count: Callable[[], int]  # the cluster's, as this node's config says
     timeout_s: float = PUSH_TIMEOUT_S
 
     def __call__(self, params: dict[str, str], content_type: str, body: bytes) -> Reply:
@@ -108,7 +110,6 @@ class InsertRoute:
             known = ", ".join(sorted(self.configured()))
             raise _BadRequestError(f"no pipeline {name!r} here (pipelines: {known})")
         runners = self.runners()
-        served = [r.shard for r in runners]
         led = {
             r.shard: p for r in runners if r.leading for p in r.pipelines if p.config.name == name
         }
@@ -121,8 +122,8 @@ class InsertRoute:
             )
         if shard in led:
             return led[shard]
-        if shard not in served:
-            raise _BadRequestError(f"this node does not serve shard {shard} (it serves {served})")
+        if shard >= self.shard_count():
+            raise _BadRequestError(f"no shard {shard}: the cluster has {self.shard_count()}")
         if any(r.shard == shard and r.leading for r in runners):
             # Led here, but the pipeline is not running: paused by ops, or its term starting.
             message = f"pipeline {name!r} of shard {shard} is not running here now"

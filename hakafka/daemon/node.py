@@ -154,6 +154,7 @@ class Daemon:
             runners=lambda: self.runners,
             leader_of=self._leader_endpoints,
             configured=lambda: frozenset(p.name for p in self.config.pipelines),
+            shard_count=lambda: self.config.shard_count,
         )
         with _listening("server.flight", str(flight_ep)):
             self.flight = FlightQueryServer(

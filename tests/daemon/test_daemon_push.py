@@ -2,7 +2,8 @@
 topic land in ClickHouse once per (writer, sequence), through a kill -9 of the leader; a
 follower names the leader; a batch that does not fit is refused whole, naming the column and
 the row; a Flight put is applied once; `hakafka push` killed after its first batch and run
-again pushes each batch once."""
+again pushes each batch once; a Spark Structured Streaming query through the kill and a
+restart that runs its last micro-batch again lands each row once."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from kazoo.client import KazooClient
 
 from buffer.push_client import Pushed, Pusher
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic
 from devstack.records import produce as produce_records
+from hakafka.coordination import paths
 from hakafka.ops.push import default_writer
 from hakafka.pipeline.push import first_offset
 from tests.commands import hakafka
@@ -67,8 +70,45 @@ def pushed(writer_partition: int, sequence: int, count: int) -> set[tuple[int, i
     return {(writer_partition, first_offset(sequence) + i) for i in range(count)}
 
 
+def writer_partitions(stack: StackEndpoints, zk_root: str) -> dict[str, int]:
+    """Each push writer of pipeline `events` and its partition, as ZooKeeper numbers them
+    (`<writer>@<shard>@<number>` znodes: `coordination/writers.py`)."""
+    zk = KazooClient(hosts=f"{stack.zookeeper}{zk_root}", timeout=10.0)
+    zk.start(timeout=10)
+    try:
+        children = zk.get_children(paths.writers("events"))
+    finally:
+        zk.stop()
+        zk.close()
+    numbers: dict[str, int] = {}
+    for child in children:
+        rest, _, number = child.rpartition("@")
+        name = rest.rpartition("@")[0]
+        numbers[name] = min(int(number), numbers.get(name, int(number)))
+    return {name: -1 - n for name, n in numbers.items()}
+
+
+def spark_files(folder: Path, files: int, rows_each: int) -> None:
+    """`files` JSONEachRow files of `rows_each` rows of kind 'spark', ids from 10000."""
+    folder.mkdir()
+    for f in range(files):
+        first = 10_000 + f * rows_each
+        lines = (
+            json.dumps({"id": i, "kind": "spark", "amount": 1.5}) + "\n"
+            for i in range(first, first + rows_each)
+        )
+        (folder / f"part-{f}.json").write_text("".join(lines))
+
+
 def test_pushes_land_once_beside_kafka_through_a_leader_killed(
-    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, ch_client: Any, tmp_path: Path
+    make_cluster: Any,
+    *,
+    stack: StackEndpoints,
+    topic_prefix: str,
+    ch_client: Any,
+    tmp_path: Path,
+    zk_root: str,
+    spark: Any,
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
@@ -102,9 +142,47 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
     status, answer = push(leader, "w1", 1, as_arrow(rows(100, 50)), ARROW)
     assert (status, answer["rows"]) == (200, 50), answer
 
+    # A Spark Structured Streaming query pushes four files, one a micro-batch, through the
+    # kill of the leader below (its pushes go to the next leader).
+    spark_in, checkpoint = tmp_path / "spark-in", tmp_path / "spark-checkpoint"
+    spark_files(spark_in, 4, 250)
+
+    def start_query() -> Any:
+        return (
+            spark.readStream.schema("id LONG, kind STRING, amount DOUBLE")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(spark_in))
+            .writeStream.format("hakafka")
+            .option("urls", f"{follower.url},{leader.url}")
+            .option("pipeline", "events")
+            .option("writer", "stream")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    def spark_rows() -> int:
+        return int(ch_client.command("SELECT count() FROM events WHERE kind = 'spark'"))
+
+    query = start_query()
+    wait_for(lambda: spark_rows() >= 250, 120, "the query's first micro-batch")
+
     # The leader dies; the next one knows from the checkpoint what w1 pushed.
     leader.kill()
     assert cluster.wait_leaders([0])[0] == other
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    # The query restarted as if it had died after its last micro-batch's pushes, before
+    # committing it: Spark runs that batch again, with its id, and its pushes are answered
+    # as duplicates.
+    commits = checkpoint / "commits"
+    last = max(int(f.name) for f in commits.iterdir() if f.name.isdigit())
+    for written in (commits / str(last), commits / f".{last}.crc"):
+        written.unlink(missing_ok=True)
+    again = start_query()
+    again.awaitTermination(180)
+    assert again.exception() is None, again.exception()
+    assert spark_rows() == 1000
     status, answer = push(follower, "w1", 1, as_arrow(rows(100, 50)), ARROW)
     assert (status, answer["duplicate"]) == (200, True), answer
     status, answer = push(follower, "w1", 2, as_arrow(rows(150, 25)), ARROW)
@@ -140,20 +218,25 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
     assert flight.push(0, flight_rows) == Pushed(20, False, 1)
     assert flight.push(0, flight_rows).duplicate
 
+    writers = writer_partitions(stack, zk_root)
+    csv_writer = default_writer(csv_file)
+    stream = writers["stream-t0-s0"]
     expected = (
         produced.good
-        | pushed(-1, 0, 100)
-        | pushed(-1, 1, 50)
-        | pushed(-1, 2, 25)
-        | pushed(-2, 0, 10)
-        | pushed(-3, 0, 1000)
-        | pushed(-3, 1, 1000)
-        | pushed(-3, 2, 500)
-        | pushed(-5, 0, 20)
+        | pushed(writers["w1"], 0, 100)
+        | pushed(writers["w1"], 1, 50)
+        | pushed(writers["w1"], 2, 25)
+        | pushed(writers["w2"], 0, 10)
+        | pushed(writers[csv_writer], 0, 1000)
+        | pushed(writers[csv_writer], 1, 1000)
+        | pushed(writers[csv_writer], 2, 500)
+        | pushed(writers["w-flight"], 0, 20)
+        # Micro-batches 0..3, one file each: sequence batch id * 2**20.
+        | {p for b in range(4) for p in pushed(stream, b << 20, 250)}
     )
     wait_for(lambda: landed(ch_client, "events") >= len(expected), 120, "every row")
     assert_exactly_once(ch_client, "events", expected)
     kinds = ch_client.query(
         "SELECT _partition < 0, kind = 'push', count() FROM events GROUP BY 1, 2 ORDER BY 1, 2"
     ).result_rows
-    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 2520), (1, 1, 185)]
+    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 3520), (1, 1, 185)]
