@@ -138,13 +138,7 @@ def test_the_next_term_replays_pushed_rows_from_the_wal_and_takes_retries_once(
     # Flushes held: the push is in the WAL and the buffer, not yet answered, when the term
     # ends (a kill -9 keeps the WAL as it is).
     h = Harness(tmp_path, pipeline_config(), filled_topic(1, 10))
-    h.sink.gate.clear()
-    first = start(h, leaders)
-    assert first.wait_consuming(30.0), first.status
-    pending: Future[PushResult] = Future()
-    threading.Thread(
-        target=lambda: _answer(pending, first, "w", 7, batch(0, 50)), daemon=True
-    ).start()
+    first, pending = held_push(h, leaders)
     wait_for(lambda: first.buffer.rows.row_count >= 60, "the push in the buffer")
     first.stop(0.1)
     with pytest.raises(PushRefusedError, match="push again"):
@@ -165,13 +159,7 @@ def test_a_pending_block_whose_pushed_rows_died_with_their_leader_is_rebuilt_fro
     # The first block holds the topic's 10 rows and the push (min_rows); its insert lands and
     # the term ends before the checkpoint: the push was never answered.
     h = Harness(tmp_path, pipeline_config(min_rows=60), filled_topic(1, 10))
-    h.sink.gate.clear()
-    first = start(h, leaders)
-    assert first.wait_consuming(30.0), first.status
-    unanswered: Future[PushResult] = Future()
-    threading.Thread(
-        target=lambda: _answer(unanswered, first, "w", 7, batch(0, 50)), daemon=True
-    ).start()
+    first, unanswered = held_push(h, leaders)
     wait_for(h.sink.entered.is_set, "the first flush")
     h.fenced.fenced = True
     h.sink.gate.set()
@@ -207,6 +195,21 @@ def test_a_pending_block_whose_pushed_rows_died_with_their_leader_is_rebuilt_fro
     assert second.push("w", 8, batch(50, 60), timeout=30.0) == PushResult(60, False)
     assert len(pushed_offsets(h)) == 110
     assert not any(w.kind == "awaiting_push_retries" for w in second.status.current_waits())
+
+
+def held_push(
+    h: Harness, leaders: list[PipelineLeader]
+) -> tuple[PipelineLeader, Future[PushResult]]:
+    """A leader over `h` whose flushes are held (the sink's gate closed), and writer w's batch
+    7 (50 rows) pushed to it in the background: applied, not answered."""
+    h.sink.gate.clear()
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    answer: Future[PushResult] = Future()
+    threading.Thread(
+        target=lambda: _answer(answer, leader, "w", 7, batch(0, 50)), daemon=True
+    ).start()
+    return leader, answer
 
 
 def _answer(
