@@ -68,6 +68,7 @@ class Load:
     nbytes: int = 0
     seconds: float = 0.0
     answers: list[float] = field(default_factory=list)
+    retried: int = 0  # pushes that took more than one request
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def rate(self) -> str:
@@ -77,9 +78,11 @@ class Load:
         )
 
 
-def run_writers(writers: int, seconds: float, push: Callable[[int, int, pa.Table], int]) -> Load:
+def run_writers(
+    writers: int, seconds: float, push: Callable[[int, int, pa.Table], tuple[int, int]]
+) -> Load:
     """`writers` threads, each pushing batches as `push(writer, sequence, batch)` (-> rows
-    applied) until `seconds` passed."""
+    applied, requests it took) until `seconds` passed."""
     load = Load()
     tables = [batch(w, 0) for w in range(writers)]
     deadline = time.monotonic() + seconds
@@ -88,9 +91,10 @@ def run_writers(writers: int, seconds: float, push: Callable[[int, int, pa.Table
         sequence = 0
         while time.monotonic() < deadline:
             began = time.monotonic()
-            rows = push(writer, sequence, tables[writer])
+            rows, attempts = push(writer, sequence, tables[writer])
             took = time.monotonic() - began
             with load.lock:
+                load.retried += attempts > 1
                 load.rows += rows
                 load.nbytes += tables[writer].nbytes if rows else 0
                 load.answers.append(took)
@@ -125,10 +129,10 @@ def _serve_discard(pipe: Connection) -> None:
     server.shutdown()
 
 
-def raw_put(port: int) -> Callable[[int, int, pa.Table], int]:
+def raw_put(port: int) -> Callable[[int, int, pa.Table], tuple[int, int]]:
     local = threading.local()
 
-    def put(writer: int, sequence: int, table: pa.Table) -> int:
+    def put(writer: int, sequence: int, table: pa.Table) -> tuple[int, int]:
         if not hasattr(local, "client"):
             local.client = fl.connect(f"grpc://127.0.0.1:{port}")
         descriptor = fl.FlightDescriptor.for_path("events", "0", f"w{writer}", str(sequence))
@@ -137,25 +141,29 @@ def raw_put(port: int) -> Callable[[int, int, pa.Table], int]:
             put_writer.write_table(table)
             put_writer.done_writing()
             metadata.read()
-        return int(table.num_rows)
+        return int(table.num_rows), 1
 
     return put
 
 
-def hakafka_push(url: str, tag: str) -> Callable[[int, int, pa.Table], int]:
+def hakafka_push(url: str, tag: str) -> Callable[[int, int, pa.Table], tuple[int, int]]:
     """Each writer's pushes through a `Pusher` of its own, writer id `<tag>-<n>`."""
     pushers: dict[int, Pusher] = {}
 
-    def push(writer: int, sequence: int, table: pa.Table) -> int:
+    def push(writer: int, sequence: int, table: pa.Table) -> tuple[int, int]:
         pusher = pushers.setdefault(writer, Pusher(lambda: [url], "events", 0, f"{tag}-{writer}"))
-        return pusher.push(sequence, table).rows
+        answer = pusher.push(sequence, table)
+        return answer.rows, answer.attempts
 
     return push
 
 
-def probe(leader_flight: str, url: str, stop: threading.Event) -> tuple[list[float], list[float]]:
-    """(push -> queryable, push -> answered) seconds of a 10-row batch every PROBE_S s."""
-    pusher = Pusher(lambda: [url], "events", 0, "probe")
+def probe(
+    leader_flight: str, url: str, tag: str, stop: threading.Event
+) -> tuple[list[float], list[float]]:
+    """(push -> queryable, push -> answered) seconds of a 10-row batch every PROBE_S s, by
+    writer `probe-<tag>`."""
+    pusher = Pusher(lambda: [url], "events", 0, f"probe-{tag}")
     visible: list[float] = []
     answered: list[float] = []
     sequence = 0
@@ -170,7 +178,7 @@ def probe(leader_flight: str, url: str, stop: threading.Event) -> tuple[list[flo
         while buffer_query(leader_flight, sql).column("n")[0].as_py() == 0:
             if done:  # flushed before a poll saw it in the buffer: counts from ClickHouse
                 break
-            time.sleep(0.002)
+            time.sleep(0.005)
         seen = time.monotonic()
         pushing.join(120)
         if done and seen <= done[0]:
@@ -183,10 +191,11 @@ def probe(leader_flight: str, url: str, stop: threading.Event) -> tuple[list[flo
 def _probing(
     leader_flight: str,
     url: str,
+    tag: str,
     stop: threading.Event,
     into: list[tuple[list[float], list[float]]],
 ) -> None:
-    into.append(probe(leader_flight, url, stop))
+    into.append(probe(leader_flight, url, tag, stop))
 
 
 def _push_noting(pusher: Pusher, sequence: int, rows: pa.Table, done: list[float]) -> None:
@@ -247,7 +256,9 @@ def main() -> int:
                 push = hakafka_push(url, name)
                 stop = threading.Event()
                 probed: list[tuple[list[float], list[float]]] = []
-                prober = threading.Thread(target=_probing, args=(flight_url, url, stop, probed))
+                prober = threading.Thread(
+                    target=_probing, args=(flight_url, url, name, stop, probed)
+                )
                 prober.start()
                 figures[name] = run_writers(args.writers, args.seconds, push)
                 stop.set()
@@ -279,7 +290,10 @@ def main() -> int:
         )
     for name, load in figures.items():
         p50, p99 = pct(load.answers, 0.5), pct(load.answers, 0.99)
-        print(f"  {name} writers' answers: p50 {p50} ms, p99 {p99} ms")
+        print(
+            f"  {name} writers' answers: p50 {p50} ms, p99 {p99} ms; "
+            f"{load.retried} of {len(load.answers)} pushes took more than one request"
+        )
     rows, unique = int(counted[0]), int(counted[1])
     print(f"\n  ClickHouse: {rows} rows, {unique} distinct offsets; acknowledged {expected}")
     ok = rows == unique == expected

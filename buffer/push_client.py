@@ -74,6 +74,14 @@ class Pusher:
     """One request's wait: longer than the server's own (60 s), which then answers 504."""
     retry: Backoff = field(default_factory=lambda: Backoff(0.2, 2.0, jitter=0.5))
     _leader: str | None = None  # the last node that acknowledged, tried first
+    _flight: dict[str, fl.FlightClient] = field(default_factory=dict, repr=False)
+    """Flight connections kept per address (a writer pushes one batch at a time)."""
+
+    def close(self) -> None:
+        """Close the Flight connections kept (the pusher opens new ones if used again)."""
+        clients, self._flight = list(self._flight.values()), {}
+        for client in clients:
+            client.close()
 
     def push(self, sequence: int, batch: pa.Table | pa.RecordBatch) -> Pushed:
         """Push `batch` as `sequence` until acknowledged (see the module)."""
@@ -154,14 +162,16 @@ class Pusher:
         )
         options = fl.FlightCallOptions(timeout=self.request_timeout_s, headers=headers)
         try:
-            with _flight_client(url, self.tls) as client:
-                writer, metadata = client.do_put(
-                    fl.FlightDescriptor.for_path(*path), table.schema, options
-                )
-                with writer:
-                    writer.write_table(table)
-                    writer.done_writing()
-                    answer = metadata.read()
+            client = self._flight.get(url)
+            if client is None:
+                client = self._flight[url] = _flight_client(url, self.tls)
+            writer, metadata = client.do_put(
+                fl.FlightDescriptor.for_path(*path), table.schema, options
+            )
+            with writer:
+                writer.write_table(table)
+                writer.done_writing()
+                answer = metadata.read()
             return _Answer(200, _json(b"" if answer is None else answer.to_pybytes()), 0.0)
         except fl.FlightUnauthenticatedError as exc:
             return _Answer(401, {"message": str(exc)}, 0.0)
@@ -178,6 +188,8 @@ class Pusher:
         except fl.FlightServerError as exc:
             return _Answer(400, _flight_answer(exc), 0.0)
         except (fl.FlightError, OSError) as exc:
+            if (dropped := self._flight.pop(url, None)) is not None:
+                dropped.close()  # a connection that failed is not used again
             return _Answer(503, {"message": f"no answer ({exc})"}, 0.0)
 
 

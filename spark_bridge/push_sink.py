@@ -112,6 +112,8 @@ class BatchPusher(Protocol):
 
     def push(self, sequence: int, batch: pa.Table) -> Pushed: ...
 
+    def close(self) -> None: ...
+
 
 def pusher_of(options: PushOptions, shard: int, writer: str) -> BatchPusher:
     """The `Pusher` of `writer` into `shard`."""
@@ -141,11 +143,14 @@ def push_task(
         return TaskPushed(0, 0)
     for shard, part in _by_shard(options, task, table):
         pusher = make_pusher(options, shard, f"{options.writer}-t{task}-s{shard}")
-        for k, first in enumerate(range(0, part.num_rows, options.batch_rows)):
-            sequence = k if batch_id is None else (batch_id << SEQUENCE_BITS) + k
-            answer = pusher.push(sequence, part.slice(first, options.batch_rows))
-            rows += answer.rows
-            duplicates += answer.duplicate
+        try:
+            for k, first in enumerate(range(0, part.num_rows, options.batch_rows)):
+                sequence = k if batch_id is None else (batch_id << SEQUENCE_BITS) + k
+                answer = pusher.push(sequence, part.slice(first, options.batch_rows))
+                rows += answer.rows
+                duplicates += answer.duplicate
+        finally:
+            pusher.close()
     return TaskPushed(rows, duplicates)
 
 

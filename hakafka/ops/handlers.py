@@ -289,6 +289,8 @@ def push_command(args: argparse.Namespace) -> int:
                 f"{progress.batches} batches before it are acknowledged: run the same command "
                 "again to go on (they are not applied twice)"
             ) from None
+        finally:
+            pusher.close()
     print(push.describe(progress, time.monotonic() - began, size))
     return EXIT_OK
 

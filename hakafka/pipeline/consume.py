@@ -23,7 +23,7 @@ from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_rates import LaneRates
-from hakafka.pipeline.lane_reader import LaneBatch, LaneReader
+from hakafka.pipeline.lane_reader import POLL_TIMEOUT_S, PUSH_POLL_S, LaneBatch, LaneReader
 from hakafka.pipeline.parts import Wal
 from hakafka.pipeline.push import (
     PushDesk,
@@ -40,8 +40,8 @@ from wal import FsyncPolicy, Record, RecordType
 class BatchSource(Protocol):
     """Where the pipeline thread takes read batches from (one lane or several)."""
 
-    def poll(self) -> list[LaneBatch]:
-        """What the lanes read since the last call, waiting up to a poll's timeout for
+    def poll(self, timeout_s: float = POLL_TIMEOUT_S) -> list[LaneBatch]:
+        """What the lanes read since the last call, waiting up to `timeout_s` for
         something; empty batches carry only positions and lag. Raises what a lane failed
         with."""
         ...
@@ -74,8 +74,8 @@ class InlineSource:
     reader: LaneReader
     _last: LaneBatch = field(default_factory=lambda: LaneBatch({}, {}))
 
-    def poll(self) -> list[LaneBatch]:
-        self._last = self.reader.take()
+    def poll(self, timeout_s: float = POLL_TIMEOUT_S) -> list[LaneBatch]:
+        self._last = self.reader.take(timeout_s)
         return [self._last]
 
     def positions(self) -> dict[int, int]:
@@ -141,7 +141,9 @@ class ConsumeLane:
                 continue
             if signals.stop.is_set():
                 break
-            batches = source.poll()
+            # With writers, in short slices: a push waits for the pipeline thread to apply it
+            # (queryable) at most one slice, not a whole idle poll of Kafka.
+            batches = source.poll(PUSH_POLL_S if self.pushed else POLL_TIMEOUT_S)
             self.positions, self.lag = source.positions(), source.lag()
             if (lanes := source.lanes()) != self.lanes:
                 self.lanes = lanes

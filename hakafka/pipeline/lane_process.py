@@ -299,21 +299,21 @@ class ProcessLanes:
         while not all(lane.ready for lane in self._lanes):
             self._signals.check_stop("stopped while the lanes started")
             # A lane ready first reads on: what it sends is kept for the first poll.
-            self._early += self._receive()
+            self._early += self._receive(POLL_TIMEOUT_S)
         self._log.info(
             "lanes.started",
             lanes=len(self._lanes),
             pids=self.pids(),
         )
 
-    def poll(self) -> list[LaneBatch]:
+    def poll(self, timeout_s: float = POLL_TIMEOUT_S) -> list[LaneBatch]:
         now = time.monotonic()
         if now - self._polled > BEAT_EVERY_S:
             # The pipeline thread was away (a full buffer, a closed gate): the lanes were
             # blocked on their pipes, not silent.
             for lane in self._lanes:
                 lane.heard = now
-        batches, self._early = self._early + self._receive(), []
+        batches, self._early = self._early + self._receive(timeout_s), []
         self._polled = time.monotonic()
         for lane in self._lanes:
             silent = self._polled - lane.heard
@@ -323,11 +323,11 @@ class ProcessLanes:
                 )
         return batches
 
-    def _receive(self) -> list[LaneBatch]:
-        """What the lanes sent, waiting up to a poll's timeout for the first of it."""
+    def _receive(self, timeout_s: float) -> list[LaneBatch]:
+        """What the lanes sent, waiting up to `timeout_s` for the first of it."""
         by_conn = {lane.conn: lane for lane in self._lanes}
         batches: list[LaneBatch] = []
-        for conn in wait(list(by_conn), POLL_TIMEOUT_S):
+        for conn in wait(list(by_conn), timeout_s):
             lane = by_conn[conn]  # type: ignore[index]
             # What is there now, not more: a fast lane must not keep the others waiting.
             for _ in range(16):

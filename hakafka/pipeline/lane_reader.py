@@ -37,6 +37,8 @@ from retry_policy import Backoff
 
 CONSUME_BATCH = 10_000
 POLL_TIMEOUT_S = 0.2
+# A pipeline with push writers polls in these slices instead (see ConsumeLane.run).
+PUSH_POLL_S = 0.02
 REFRESH_PARTITIONS_S = 30.0
 TOPIC_RECHECK_S = 5.0  # how often a pipeline waiting for its topic looks for it
 # After a metadata error, or while a partition with a known start offset is missing from
@@ -196,14 +198,15 @@ class LaneReader:
         self._refresh_failures = 0
         return REFRESH_PARTITIONS_S
 
-    def take(self) -> LaneBatch:
-        """Poll once (refreshing the partitions when due) and return what came: an encoded
-        WAL record, or an empty batch with the consumer's positions and lag."""
+    def take(self, timeout_s: float = POLL_TIMEOUT_S) -> LaneBatch:
+        """Poll once, waiting up to `timeout_s` (refreshing the partitions when due), and
+        return what came: an encoded WAL record, or an empty batch with the consumer's
+        positions and lag."""
         consumer = self.consumer
         assert consumer is not None, "assign first"
         if time.monotonic() >= self._next_refresh:
             self._next_refresh = time.monotonic() + self._refresh(consumer)
-        messages = consumer.consume(CONSUME_BATCH, POLL_TIMEOUT_S)
+        messages = consumer.consume(CONSUME_BATCH, timeout_s)
         positions, lag = consumer.position(), consumer.lag()
         if not messages:
             return LaneBatch(positions, lag)

@@ -39,6 +39,9 @@ class Recorder:
                 return Pushed(0, True, 1)
             return Pushed(len(ids), False, 1)
 
+        def close(self) -> None:
+            pass
+
 
 def rows(n: int) -> list[pa.RecordBatch]:
     table = pa.table({"id": list(range(n)), "user": [f"u{i % 7}" for i in range(n)]})
