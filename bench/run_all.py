@@ -28,6 +28,7 @@ TIMEOUT_S = 2400  # per benchmark: e2e and takeover take about 10 minutes each, 
 # The heading of a section, after its name, when the name alone does not say what it measures.
 TITLES = {
     "lanes": "Several consume lanes per shard (#32)",
+    "push": "The buffer as a write cache: pushed batches (#33)",
     "exactly_once": "Exactly-once under drift and resharding (#21)",
     "flush_modes": "Flush through Spark standalone and Spark Connect next to local mode (#24)",
     "handoff_tls": "Handoff over TLS (#34)",
