@@ -1,26 +1,30 @@
-"""Pushes into the buffer (#33), with a real daemon: how many rows a second writers push into a
+"""Pushes into the buffer (#33), with real daemons: how many rows a second writers push into a
 pipeline's buffer over Flight `do_put` and HTTP `POST /insert` in 10,000-row Arrow batches,
-and how long a batch takes to be queryable and to be acknowledged.
+how long a batch takes to be queryable and to be answered, and what the answer's copy to
+another node costs.
 
-One `hakafka run` daemon (n1) leads the one shard of a pipeline on the local stack; its
-topic is empty, so every row comes from the writers. WRITERS writer threads in this process
-each push 10,000-row batches one after the other (one batch in flight per writer, as the
-README asks) for SECONDS seconds through `buffer.push_client.Pusher`. An answer comes once
-the batch is flushed to ClickHouse, so a writer's rate is one batch per flush it waits for:
-throughput comes from many writers.
+WRITERS writer threads in this process each push 10,000-row batches one after the other
+(one batch in flight per writer, as the README asks) for SECONDS seconds through
+`buffer.push_client.Pusher`, into pipelines whose topics are empty. Two clusters on the
+local stack, one after the other:
+- one node (flushes every 0.3 s): no other node holds a copy, so a push is answered once
+  flushed; over Flight, then over HTTP;
+- two nodes (flushes every 2 s or so): answered once copied to the other node
+  (`push_acks = 1`), then on a second pipeline once in the leader's WAL (`push_acks = 0`);
+  the difference is the copy's cost.
 
 Baseline, in the same run: the same writers `do_put` the same batches into a Flight server in
 its own process that reads and discards them (the floor of any Flight push on this machine).
 
-Both runs follow a warm-up (three batches pushed and flushed: the first flushes start
+Every pipeline is warmed first (three batches pushed and flushed: the first flushes start
 Spark's job machinery). Latency: while the load runs, a probe writer pushes a 10-row batch
 every PROBE_S s; from the push's start to (a) its rows counted by a query on the leader's
 buffer (polled over Flight) and (b) its answer. p50/p99 over the probes.
 
-At the end ClickHouse holds every acknowledged row once (counted per writer and sequence);
-otherwise the exit code is 1.
+At the end ClickHouse holds every answered row once (counted by `_partition`, `_offset`),
+else the exit code is 1.
 
-Run: PYTHONPATH=. .venv/bin/python bench/push_bench.py [--writers N] [--seconds S]  (~3 min)
+Run: PYTHONPATH=. .venv/bin/python bench/push_bench.py [--writers N] [--seconds S]  (~6 min)
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ from multiprocessing.connection import Connection
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
-from benchstack import local_stack
+from benchstack import Bench, local_stack
 
 from buffer.client import query as buffer_query
 from buffer.push_client import Pusher
-from devstack.cluster import LocalCluster, PipelineSpec
+from devstack.cluster import DaemonNode, LocalCluster, PipelineSpec
 from devstack.records import create_topic
 
 BATCH_ROWS = 10_000
@@ -147,12 +151,16 @@ def raw_put(port: int) -> Callable[[int, int, pa.Table], tuple[int, int]]:
     return put
 
 
-def hakafka_push(url: str, tag: str) -> Callable[[int, int, pa.Table], tuple[int, int]]:
-    """Each writer's pushes through a `Pusher` of its own, writer id `<tag>-<n>`."""
+def hakafka_push(
+    url: str, pipeline: str, tag: str
+) -> Callable[[int, int, pa.Table], tuple[int, int]]:
+    """Each writer's pushes into `pipeline` through a `Pusher` of its own, writer id
+    `<tag>-<n>`."""
     pushers: dict[int, Pusher] = {}
 
     def push(writer: int, sequence: int, table: pa.Table) -> tuple[int, int]:
-        pusher = pushers.setdefault(writer, Pusher(lambda: [url], "events", 0, f"{tag}-{writer}"))
+        writer_id = f"{tag.replace(' ', '').replace(',', '-')}-{writer}"
+        pusher = pushers.setdefault(writer, Pusher(lambda: [url], pipeline, 0, writer_id))
         answer = pusher.push(sequence, table)
         return answer.rows, answer.attempts
 
@@ -160,11 +168,12 @@ def hakafka_push(url: str, tag: str) -> Callable[[int, int, pa.Table], tuple[int
 
 
 def probe(
-    leader_flight: str, url: str, tag: str, stop: threading.Event
+    leader_flight: str, url: str, pipeline: str, tag: str, stop: threading.Event
 ) -> tuple[list[float], list[float]]:
-    """(push -> queryable, push -> answered) seconds of a 10-row batch every PROBE_S s, by
-    writer `probe-<tag>`."""
-    pusher = Pusher(lambda: [url], "events", 0, f"probe-{tag}")
+    """(push -> queryable, push -> answered) seconds of a 10-row batch into `pipeline` every
+    PROBE_S s, by writer `probe-<tag>`."""
+    writer = "probe-" + tag.replace(" ", "").replace(",", "-")
+    pusher = Pusher(lambda: [url], pipeline, 0, writer)
     visible: list[float] = []
     answered: list[float] = []
     sequence = 0
@@ -175,7 +184,7 @@ def probe(
         done: list[float] = []
         pushing = threading.Thread(target=_push_noting, args=(pusher, sequence, rows, done))
         pushing.start()
-        sql = f"SELECT count(*) AS n FROM events WHERE id = {marker}"
+        sql = f"SELECT count(*) AS n FROM {pipeline} WHERE id = {marker}"
         while buffer_query(leader_flight, sql).column("n")[0].as_py() == 0:
             if done:  # flushed before a poll saw it in the buffer: counts from ClickHouse
                 break
@@ -190,13 +199,12 @@ def probe(
 
 
 def _probing(
-    leader_flight: str,
-    url: str,
-    tag: str,
+    where: tuple[str, str, str, str],
     stop: threading.Event,
     into: list[tuple[list[float], list[float]]],
 ) -> None:
-    into.append(probe(leader_flight, url, tag, stop))
+    """`probe` at `where` (leader's Flight URL, push URL, pipeline, tag), result `into`."""
+    into.append(probe(*where, stop))
 
 
 def _push_noting(pusher: Pusher, sequence: int, rows: pa.Table, done: list[float]) -> None:
@@ -209,6 +217,114 @@ def pct(values: list[float], q: float) -> str:
         return "   -   "
     ordered = sorted(values)
     return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:7.1f}"
+
+
+@dataclass
+class Run:
+    """One measured run: its label, what it pushed and its probes' latencies."""
+
+    label: str
+    table: str
+    load: Load
+    visible: list[float]
+    answered: list[float]
+
+
+def measure(
+    node: DaemonNode, pipeline: str, transport: str, label: str, *, writers: int, seconds: float
+) -> Run:
+    """`writers` pushing into `pipeline` on `node` over `transport` for `seconds`, a probe
+    beside them."""
+    flight_url = f"grpc://127.0.0.1:{node.flight_port}"
+    url = flight_url if transport == "flight" else node.url
+    push = hakafka_push(url, pipeline, label)
+    stop = threading.Event()
+    probed: list[tuple[list[float], list[float]]] = []
+    prober = threading.Thread(
+        target=_probing, args=((flight_url, url, pipeline, label), stop, probed)
+    )
+    prober.start()
+    load = run_writers(writers, seconds, push)
+    stop.set()
+    prober.join(180)
+    visible, answered = probed[0]
+    return Run(label, pipeline, load, visible, answered)
+
+
+def spec(name: str, topic: str, acks: int, min_age: float) -> PipelineSpec:
+    return PipelineSpec(
+        name,
+        topic,
+        name,
+        COLUMNS,
+        buffer={"min_rows": 1, "min_bytes": 1, "min_age": min_age, "max_age": 2 * min_age + 1},
+        lanes=1,
+        push_acks=acks,
+    )
+
+
+def run_cluster(
+    bench: Bench,
+    nodes: dict[str, list[int]],
+    pipelines: list[PipelineSpec],
+    runs: list[tuple[str, str, str]],
+    args: argparse.Namespace,
+) -> tuple[list[Run], list[str]]:
+    """Start `nodes`, warm each pipeline, measure `runs` (pipeline, transport, label) on the
+    leader, then check every answered row in ClickHouse once; (runs, problems)."""
+    for p in pipelines:
+        create_topic(bench.stack.kafka, p.topic, 1)
+    cluster = LocalCluster(
+        bench.root / f"cluster-{len(nodes)}",
+        bench.stack,
+        nodes=nodes,
+        shard_count=1,
+        pipelines=pipelines,
+        zk_root=f"/push-bench-{len(nodes)}",
+        server={"max_request_bytes": 64 * MIB},
+        spark_on_followers=len(nodes) > 1,
+    )
+    cluster.start()
+    problems: list[str] = []
+    try:
+        node = cluster.nodes[cluster.wait_leaders([0])[0]]
+        if len(nodes) > 1:
+            others = [n for name, n in cluster.nodes.items() if n is not node]
+            deadline = time.monotonic() + 120
+            while not all(o.flush_path_warm() for o in others) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        # Warm: the first flushes start Spark's job machinery (seconds), which is no push's
+        # cost; the runs below measure a running pipeline.
+        warmed = {}
+        for p in pipelines:
+            warm = Pusher(lambda: [node.url], p.name, 0, "warm-up")
+            warmed[p.name] = sum(warm.push(seq, batch(99, 0)).rows for seq in range(3))
+        done = [
+            measure(node, p, t, label, writers=args.writers, seconds=args.seconds)
+            for p, t, label in runs
+        ]
+        client = bench.ch.client()
+        for p in pipelines:
+            expected = warmed[p.name] + sum(
+                r.load.rows + 10 * len(r.answered) for r in done if r.table == p.name
+            )
+            counted = (0, 0)
+            deadline = time.monotonic() + 120  # answered before their flush: wait for it
+            while time.monotonic() < deadline:
+                row = client.query(
+                    f"SELECT count(), uniqExact(_partition, _offset) FROM {p.name}"
+                ).result_rows[0]
+                counted = (int(row[0]), int(row[1]))
+                if counted[0] >= expected:
+                    break
+                time.sleep(1)
+            rows, distinct = counted
+            print(f"  {p.name}: ClickHouse {rows} rows, {distinct} distinct; answered {expected}")
+            if not counted[0] == counted[1] == expected:
+                problems.append(f"{p.name}: {counted} in ClickHouse, {expected} answered")
+    finally:
+        cluster.stop()
+    return done, problems
 
 
 def main() -> int:
@@ -226,86 +342,47 @@ def main() -> int:
     discard.join(10)
 
     with local_stack("push-bench-") as bench:
-        topic = "push_bench"
-        create_topic(bench.stack.kafka, topic, 1)
-        cluster = LocalCluster(
-            bench.root / "cluster",
-            bench.stack,
-            nodes={"n1": [0]},
-            shard_count=1,
-            pipelines=[
-                PipelineSpec(
-                    "events",
-                    topic,
-                    "events",
-                    COLUMNS,
-                    buffer={"min_rows": 1, "min_bytes": 1, "min_age": 0.3, "max_age": 1},
-                    lanes=1,
-                )
-            ],
-            zk_root="/push-bench",
-            server={"max_request_bytes": 64 * MIB},
+        # One node: no other node to copy to, so the flush answers.
+        flushed, problems = run_cluster(
+            bench,
+            {"n1": [0]},
+            [spec("events", "push_events", 1, 0.3)],
+            [("events", "flight", "flight"), ("events", "http", "http")],
+            args,
         )
-        cluster.start()
-        try:
-            cluster.wait_leaders([0])
-            node = cluster.nodes["n1"]
-            flight_url = f"grpc://127.0.0.1:{node.flight_port}"
-            # Warm: the first flushes start Spark's job machinery (seconds), which is no
-            # push's cost; the runs below measure a running pipeline.
-            warm = Pusher(lambda: [node.url], "events", 0, "warm-up")
-            warmed = sum(warm.push(seq, batch(99, 0)).rows for seq in range(3))
-            figures: dict[str, Load] = {}
-            latencies: dict[str, tuple[list[float], list[float]]] = {}
-            for name, url in (("flight", flight_url), ("http", node.url)):
-                push = hakafka_push(url, name)
-                stop = threading.Event()
-                probed: list[tuple[list[float], list[float]]] = []
-                prober = threading.Thread(
-                    target=_probing, args=(flight_url, url, name, stop, probed)
-                )
-                prober.start()
-                figures[name] = run_writers(args.writers, args.seconds, push)
-                stop.set()
-                prober.join(180)
-                latencies[name] = probed[0]
-            expected = (
-                warmed
-                + sum(f.rows for f in figures.values())
-                + sum(10 * len(answered) for _visible, answered in latencies.values())
-            )
-            client = bench.ch.client()
-            counted = client.query(
-                "SELECT count(), uniqExact(_partition, _offset) FROM events"
-            ).result_rows[0]
-        finally:
-            cluster.stop()
+        # Two nodes: answered once copied to the other (push_acks = 1), or once in the
+        # leader's WAL (0); flushes every 2 s or so.
+        copied, more = run_cluster(
+            bench,
+            {"n1": [0], "n2": [0]},
+            [spec("copied", "push_copied", 1, 2.0), spec("walonly", "push_walonly", 0, 2.0)],
+            [("copied", "flight", "flight, 1 copy"), ("walonly", "flight", "flight, WAL only")],
+            args,
+        )
+        problems += more
 
     print(
         f"\npush bench: {args.writers} writers, {BATCH_ROWS}-row Arrow batches, "
         f"{args.seconds:g} s each"
     )
-    print(f"  raw do_put, discarded         {raw.rate()}   (the floor: no buffer, no ack)")
-    for name, load in figures.items():
-        share = load.rows / load.seconds / (raw.rows / raw.seconds)
-        print(f"  hakafka over {name:6}          {load.rate()}   {share:.3f} of raw")
-    print("\n  latency (ms)        push->queryable p50   p99   push->ack p50   p99")
-    for name, (visible, answered) in latencies.items():
+    print(f"  raw do_put, discarded            {raw.rate()}   (the floor: no buffer, no ack)")
+    for run in flushed + copied:
+        share = run.load.rows / run.load.seconds / (raw.rows / raw.seconds)
+        print(f"  {run.label:28} {run.load.rate()}   {share:.3f} of raw")
+    print("\n  latency (ms)                    push->queryable p50   p99   push->answer p50   p99")
+    for run in flushed + copied:
         print(
-            f"  {name:6} ({len(answered)} probes)   {pct(visible, 0.5)} {pct(visible, 0.99)}"
-            f"      {pct(answered, 0.5)} {pct(answered, 0.99)}"
+            f"  {run.label:20} ({len(run.answered):2} probes)   {pct(run.visible, 0.5)} "
+            f"{pct(run.visible, 0.99)}      {pct(run.answered, 0.5)} {pct(run.answered, 0.99)}"
         )
-    for name, load in figures.items():
-        p50, p99 = pct(load.answers, 0.5), pct(load.answers, 0.99)
+    for run in flushed + copied:
+        p50, p99 = pct(run.load.answers, 0.5), pct(run.load.answers, 0.99)
         print(
-            f"  {name} writers' answers: p50 {p50} ms, p99 {p99} ms; "
-            f"{load.retried} of {len(load.answers)} pushes took more than one request"
+            f"  {run.label} writers' answers: p50 {p50} ms, p99 {p99} ms; "
+            f"{run.load.retried} of {len(run.load.answers)} pushes took more than one request"
         )
-    rows, unique = int(counted[0]), int(counted[1])
-    print(f"\n  ClickHouse: {rows} rows, {unique} distinct offsets; acknowledged {expected}")
-    ok = rows == unique == expected
-    print("  exactly once: " + ("yes" if ok else "NO"))
-    return 0 if ok else 1
+    print("  exactly once: " + ("yes" if not problems else "NO: " + "; ".join(problems)))
+    return 0 if not problems else 1
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ class PipelineSpec:
     fsync: str = "batch"
     transform: str = ""
     lanes: int | str = "auto"
+    push_acks: int = 1
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ def render_config(
             f"on_error = {_toml_value(p.on_error)}",
             f"transform = {_toml_value(p.transform)}",
             f"lanes = {_toml_value(p.lanes)}",
+            f"push_acks = {_toml_value(p.push_acks)}",
             "[pipelines.columns]",
         ]
         lines += [f"{name} = {_toml_value(ch_type)}" for name, ch_type in p.columns.items()]

@@ -248,6 +248,10 @@ class PipelineConfig:
     # (at most one per partition); with 1 the pipeline thread reads, with no process.
     lanes: int | str = LANES_AUTO
     lanes_max: int = 8
+    # Pushed batches (the buffer as a write cache): a push is answered once it is in the
+    # leader's WAL and `push_acks` other nodes of the shard hold a copy (0: the leader's WAL
+    # alone), or once flushed, whichever comes first.
+    push_acks: int = checked(1, not_negative_problem)
     buffer: PipelineBufferConfig = PipelineBufferConfig()
     wal: PipelineWalConfig = PipelineWalConfig()
 

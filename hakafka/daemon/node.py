@@ -44,7 +44,9 @@ from hakafka.daemon.history import StatusHistory, sample_of
 from hakafka.daemon.idle_lag import IdleLag, idle_pipelines, owned_watermarks
 from hakafka.daemon.insert_route import InsertRoute
 from hakafka.daemon.page import status_page
+from hakafka.daemon.push_replicas import ReplicaRoutes
 from hakafka.daemon.reload import plan_reload
+from hakafka.daemon.replica_store import ReplicaStore
 from hakafka.daemon.report import node_status
 from hakafka.daemon.reshard_follower import ReshardFollower
 from hakafka.daemon.settings_guard import SettingsGuard
@@ -150,6 +152,12 @@ class Daemon:
         flight_ep, http_ep = config.server.flight, config.server.http
         limits = server_limits(config)
         tls = server_tls(config)
+        self.replica_store = ReplicaStore(config.data_dir / "push-replicas")
+        copies = ReplicaRoutes(
+            self.replica_store,
+            leads=lambda shard: any(r.shard == shard and r.leading for r in self.runners),
+            leader_epoch=self._leader_epoch,
+        )
         inserts = InsertRoute(
             runners=lambda: self.runners,
             leader_of=self._leader_endpoints,
@@ -182,7 +190,11 @@ class Daemon:
                     "/status/history": Route(self._history_route),
                     "/metrics": Route(self._metrics_route, public=True),
                 },
-                post_routes={"/insert": PostRoute(inserts)},
+                post_routes={
+                    "/insert": PostRoute(inserts),
+                    "/replica/push": PostRoute(copies.push),
+                    "/replica/fetch": PostRoute(copies.fetch),
+                },
                 forward=self._forward,
                 limits=limits,
                 tls=tls,
@@ -210,6 +222,7 @@ class Daemon:
             catalog=self.catalog,
             metrics=self.metrics,
             crash=self.crash,
+            replica_store=self.replica_store,
         )
         self.runners = [
             ShardRunner(
@@ -315,6 +328,7 @@ class Daemon:
         for runner in self.runners:
             runner.stop(FLUSH_GRACE_S)
         self.idle_lag.stop()
+        self.pipelines.close()
         self.coordinator.close()
         self.http.close()
         self.flight.shutdown()
@@ -464,6 +478,15 @@ class Daemon:
         if self.logs is not None:
             self.logs.level = config.log_level
         log.info("config.reloaded", applied=list(plan.applied), refused=len(plan.refused))
+
+    def _leader_epoch(self, shard: int) -> int | None:
+        """The epoch of `shard`'s leader as ZooKeeper has it (None: no leader, or ZooKeeper
+        cannot say now)."""
+        try:
+            info = self.coordinator.leader_of(shard)
+        except CoordinationError:
+            return None
+        return None if info is None else info.epoch
 
     def _leader_endpoints(self, shard: int) -> tuple[str, str, str] | None:
         """`shard`'s leader and its HTTP and Flight addresses as ZooKeeper names them (None:

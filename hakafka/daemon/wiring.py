@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -19,6 +20,9 @@ from hakafka.config import Config, PipelineConfig
 from hakafka.consumer import PartitionConsumer, PipelineSchema
 from hakafka.consumer.group_offsets import GroupOffsets, SharedGroupOffsets
 from hakafka.coordination import Coordinator, Leadership
+from hakafka.coordination.writers import read_writers
+from hakafka.daemon.push_replicas import PushReplicas
+from hakafka.daemon.replica_store import ReplicaStore
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
 from hakafka.pipeline import PipelineLeader, PipelineParts
@@ -26,6 +30,7 @@ from hakafka.pipeline.parts import Consumer, Fenced, LaneParts, Wal
 from hakafka.pipeline.refetch import KafkaRefetch
 from hakafka.pipeline.sink import PipelineSink
 from hakafka.settings import (
+    client_tls,
     decoder_of,
     lane_count,
     pipeline_schema,
@@ -57,7 +62,12 @@ class PipelineFactory:
     catalog: Catalog
     metrics: Metrics
     crash: CrashPlan
+    replica_store: ReplicaStore
     _pipelines: list[_Pipeline] = field(init=False)
+    # Sends copies of pushed batches to the shard's other nodes, for every pipeline.
+    _copy_pool: ThreadPoolExecutor = field(
+        init=False, default_factory=lambda: ThreadPoolExecutor(8, thread_name_prefix="push-copy")
+    )
 
     def __post_init__(self) -> None:
         kafka = self.config.kafka
@@ -112,6 +122,21 @@ class PipelineFactory:
 
         return make
 
+    def close(self) -> None:
+        """Stop sending copies (at shutdown, once every pipeline stopped): queued sends are
+        dropped, their pushes are answered by the flush or pushed again."""
+        self._copy_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _peers(self, shard: int) -> list[str]:
+        """The HTTP addresses of the shard's other candidates, not under replacement: where
+        its pushed batches are copied and gathered from."""
+        nodes, replacing = self.coordinator.nodes(), self.coordinator.replacing()
+        return [
+            nodes[n].http
+            for n in self.coordinator.candidates(shard)
+            if n != self.config.node and n in nodes and n not in replacing and nodes[n].http
+        ]
+
     def _parts(self, p: _Pipeline, shard: int, fenced: Fenced) -> PipelineParts:
         config, pipeline = self.config, p.config
         kafka = config.kafka
@@ -162,6 +187,22 @@ class PipelineFactory:
             fenced=fenced,
             replicas=replicas,
             mirror=p.mirror.mirror if kafka.commit_offsets else None,
+            push_copies=PushReplicas(
+                self.replica_store,
+                pipeline.name,
+                shard,
+                fenced.epoch,
+                peers=lambda: self._peers(shard),
+                has_writers=lambda: any(
+                    home == shard
+                    for _number, home in read_writers(
+                        self.coordinator.session, pipeline.name
+                    ).values()
+                ),
+                pool=self._copy_pool,
+                token=config.server.token.value or None,
+                tls=client_tls(config),
+            ),
             lanes=None
             if lanes == 1
             else LaneParts(

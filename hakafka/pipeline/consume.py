@@ -24,7 +24,7 @@ from hakafka.pipeline.buffer import Ranges
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_rates import LaneRates
 from hakafka.pipeline.lane_reader import POLL_TIMEOUT_S, PUSH_POLL_S, LaneBatch, LaneReader
-from hakafka.pipeline.parts import Wal
+from hakafka.pipeline.parts import PushCopies, Wal
 from hakafka.pipeline.push import (
     PushDesk,
     PushRefusedError,
@@ -112,6 +112,7 @@ class ConsumeLane:
     rates: LaneRates = field(default_factory=LaneRates)
     push_rates: LaneRates = field(default_factory=LaneRates)  # pushed rows, under key 0
     desk: PushDesk | None = None  # where pushed batches wait for this thread
+    copies: PushCopies | None = None  # where applied pushes are copied before their answer
     pushed: dict[int, int] = field(default_factory=dict)  # writer partition -> next offset
 
     def _nothing_owed(self) -> bool:
@@ -223,7 +224,7 @@ class ConsumeLane:
             settle(request.done, PushResult(0, duplicate=False))
             return
         buffer, size = context.buffer, request.nbytes
-        if buffer.nbytes + size > buffer.limit_bytes:
+        if not request.recovered and buffer.nbytes + size > buffer.limit_bytes:
             settle(
                 request.done,
                 PushRefusedError(
@@ -251,6 +252,30 @@ class ConsumeLane:
         context.meters.pushed(rows.num_rows)
         self.push_rates.stored(0, rows.num_rows)
         desk.applied(request, PushResult(rows.num_rows, duplicate=False))
+        self._copy(request, desk)
+
+    def _copy(self, request: PushRequest, desk: PushDesk) -> None:
+        """Answer an applied push before its flush once it is as durable as `push_acks`
+        asks: in the WAL alone (0), or copied to that many other nodes (a recovered batch
+        is copied already; with too few nodes, or no copies part, the flush answers)."""
+        acks = self.context.config.push_acks
+        if acks == 0:
+            desk.durable(request)
+            return
+        if self.copies is None or request.recovered:
+            return
+        copied = self.copies.replicate(
+            request.partition,
+            request.sequence,
+            request.rows,
+            acks,
+            desk.committed_end(request.partition),
+        )
+        copied.add_done_callback(
+            lambda done: (
+                desk.durable(request) if done.exception() is None and done.result() else None
+            )
+        )
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append to the buffer (the gauges follow); at its limit pause the partitions and

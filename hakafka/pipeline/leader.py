@@ -154,7 +154,7 @@ class PipelineLeader:
         )
         self._desk = PushDesk(lambda: self.buffer.limit_bytes)
         self._writers: dict[str, int] = {}  # push writer -> its partition, this term
-        self._consume = ConsumeLane(context, desk=self._desk)
+        self._consume = ConsumeLane(context, desk=self._desk, copies=parts.push_copies)
         self._schemas = SchemaConverter(config.name, decoder.schema)
         self._flush = FlushLane(context, thresholds_of(config), parts, decoder, rows_per_task)
         self._flush.desk = self._desk
@@ -474,15 +474,34 @@ class PipelineLeader:
         self._desk.committed(self._flush.checkpoint)
         starts = dict(self._flush.checkpoint)
         if pending is None:
+            self._recover_copies()
             return starts, None
         # Before any push is taken: a writer's retry of a batch the block holds, however
         # early, goes aside for the re-flush in case no WAL here has it.
         self._desk.await_retries(pending.pushed)
+        self._recover_copies()
         wanted = pending_ranges(pending, topic)
         gathered = _PendingFromWal(pending.block_id, PendingScan(topic, wanted), Future())
         self._flush.pending = PendingReflush(pending, wanted, gathered.block)
         starts.update({p: rng.last + 1 for p, rng in wanted.items()})
         return starts, gathered
+
+    def _recover_copies(self) -> None:
+        """Hand the desk the pushed batches that nodes hold copies of and the checkpoint
+        does not cover: answered pushes whose leader may have died before their flush (a
+        batch this node's WAL has too is applied once: the desk sees it as a retry)."""
+        copies = self._parts.push_copies
+        if copies is None:
+            return
+        checkpoint = self._flush.checkpoint
+        found = [b for b in copies.recover() if b.end > checkpoint.get(b.partition, -1)]
+        if found:
+            self._log.info(
+                "push.recovered",
+                batches=len(found),
+                rows=sum(b.rows.num_rows for b in found),
+            )
+        self._desk.recover(found)
 
     def _check_layout(self, elsewhere: dict[int, Checkpoint]) -> None:
         """LayoutError if a partition this shard owns has no checkpoint here but one in

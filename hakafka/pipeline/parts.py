@@ -8,6 +8,7 @@ of the flush / commit / backpressure protocol pass fakes and drive the races by 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +21,7 @@ from hakafka.consumer import Decoder, OffsetReset, ShardAssignment
 from hakafka.consumer.messages import KafkaMessage
 from hakafka.coordination import Checkpoint, PendingIntent
 from hakafka.pipeline.blockplan import PlannedBlock
+from hakafka.pipeline.push import RecoveredBatch
 from wal import Position, Record, RepairReport
 
 
@@ -169,6 +171,21 @@ class LaneParts:
     count: int
 
 
+class PushCopies(Protocol):
+    """Copies of pushed batches on the shard's other nodes (`daemon/push_replicas.py`)."""
+
+    def replicate(
+        self, partition: int, sequence: int, rows: pa.RecordBatch, acks: int, trim: int
+    ) -> Future[bool]:
+        """Copy the batch; True once `acks` nodes hold it, False once they cannot. `trim`:
+        the writer's checkpoint (older copies of it may go)."""
+        ...
+
+    def recover(self) -> list[RecoveredBatch]:
+        """Every copy held of this pipeline's shard, on this node and the others."""
+        ...
+
+
 @dataclass(frozen=True)
 class PipelineParts:
     """Everything outside the process a leader touches, handed in by the daemon."""
@@ -186,3 +203,6 @@ class PipelineParts:
     lanes: LaneParts | None = None
     """Several lanes, each reading in a process of its own; None: one, in the pipeline
     thread, with `consumer`."""
+    push_copies: PushCopies | None = None
+    """Where pushed batches are copied before they are answered; None: answered once
+    flushed (or, with `push_acks = 0`, once in the WAL)."""

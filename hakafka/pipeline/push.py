@@ -133,6 +133,9 @@ class PushRequest:
     sequence: int
     rows: pa.RecordBatch  # the pipeline's rows schema, meta columns set (`conform`)
     done: Future[PushResult] = field(default_factory=Future)
+    recovered: bool = False
+    """Gathered back from copies by a new term: applied even at the buffer's limit (it
+    waits there), never refused, and not copied again."""
     nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +149,20 @@ class PushRequest:
     def end(self) -> int:
         """The offset after the batch's last row."""
         return self.first + int(self.rows.num_rows)
+
+
+@dataclass(frozen=True)
+class RecoveredBatch:
+    """A pushed batch gathered back from the copies nodes hold (its rows as applied: the
+    pipeline's rows schema, meta columns set)."""
+
+    partition: int
+    sequence: int
+    rows: pa.RecordBatch
+
+    @property
+    def end(self) -> int:
+        return first_offset(self.sequence) + int(self.rows.num_rows)
 
 
 @dataclass(frozen=True)
@@ -360,6 +377,33 @@ class PushDesk:
         if len(self._retried) == len(self._awaited):
             self.all_retried.set()
         return None
+
+    def durable(self, request: PushRequest) -> None:
+        """`request` (applied) is copied as `push_acks` asks: answer it now, before the
+        flush."""
+        with self._lock:
+            found = [w for w in self._flushing if w.done is request.done]
+            self._flushing = [w for w in self._flushing if w.done is not request.done]
+        for waiting in found:
+            settle(waiting.done, waiting.result)
+
+    def recover(self, batches: Iterable[RecoveredBatch]) -> None:
+        """A new term gathered `batches` back from copies (before any push is taken): those
+        a pending block awaits are taken aside for its re-flush, as retries are; the others
+        are queued first, to be applied in order whatever the limit."""
+        with self._lock:
+            for batch in batches:
+                request = PushRequest(batch.partition, batch.sequence, batch.rows, recovered=True)
+                key = (batch.partition, batch.sequence)
+                if key in self._awaited:
+                    self._retry_of_pending(request, self._awaited[key])
+                else:
+                    self._queue.append(request)
+
+    def committed_end(self, partition: int) -> int:
+        """Where the last checkpoint has `partition` (-1: nowhere yet)."""
+        with self._lock:
+            return self._checkpoint.get(partition, -1)
 
     def counts(self) -> tuple[int, int]:
         """(pushes not yet answered, awaited batches no retry brought yet)."""

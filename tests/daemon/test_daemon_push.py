@@ -1,5 +1,6 @@
 """`POST /insert` on the real stack: batches pushed into a pipeline's buffer beside its Kafka
-topic land in ClickHouse once per (writer, sequence), through a kill -9 of the leader; a
+topic land in ClickHouse once per (writer, sequence), through a kill -9 of the leader with
+its disk lost (a batch answered on its copy before its flush included); a
 follower names the leader; a batch that does not fit is refused whole, naming the column and
 the row; a Flight put is applied once; `hakafka push` killed after its first batch and run
 again pushes each batch once; a Spark Structured Streaming query through the kill and a
@@ -8,6 +9,7 @@ restart that runs its last micro-batch again lands each row once."""
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -167,8 +169,17 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
     query = start_query()
     wait_for(lambda: spark_rows() >= 250, 120, "the query's first micro-batch")
 
-    # The leader dies; the next one knows from the checkpoint what w1 pushed.
+    # Answered once copied to the follower (push_acks = 1), before its flush: it survives
+    # the leader's node dying with its disk.
+    copied = Pusher(lambda: [leader.url], "events", 0, "w-copied")
+    copied_rows = pa.Table.from_pylist([{**r, "kind": "copied"} for r in rows(0, 40)])
+    assert copied.push(0, copied_rows) == Pushed(40, False, 1)
+    assert int(ch_client.command("SELECT count() FROM events WHERE kind = 'copied'")) == 0
+
+    # The leader dies with its disk; the next one knows from the checkpoint what w1
+    # pushed, and gathers the copied batch from its own copies.
     leader.kill()
+    shutil.rmtree(cluster.root / first, ignore_errors=True)
     assert cluster.wait_leaders([0])[0] == other
     query.awaitTermination(180)
     assert query.exception() is None, query.exception()
@@ -231,6 +242,7 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
         | pushed(writers[csv_writer], 1, 1000)
         | pushed(writers[csv_writer], 2, 500)
         | pushed(writers["w-flight"], 0, 20)
+        | pushed(writers["w-copied"], 0, 40)
         # Micro-batches 0..3, one file each: sequence batch id * 2**20.
         | {p for b in range(4) for p in pushed(stream, b << 20, 250)}
     )
@@ -239,4 +251,4 @@ def test_pushes_land_once_beside_kafka_through_a_leader_killed(
     kinds = ch_client.query(
         "SELECT _partition < 0, kind = 'push', count() FROM events GROUP BY 1, 2 ORDER BY 1, 2"
     ).result_rows
-    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 3520), (1, 1, 185)]
+    assert [tuple(r) for r in kinds] == [(0, 0, len(produced.good)), (1, 0, 3560), (1, 1, 185)]

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_reader import LaneReader
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Flushed, LaneParts
+from hakafka.pipeline.push import RecoveredBatch
 from hakafka.pipeline.replay import WalIndex
 from hakafka.pipeline.state import PipelineStatus, Signals
 from hakafka.settings import shard_assignment
@@ -60,7 +62,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) 
     wait_until(condition, timeout=timeout, what=what, interval=0.01)
 
 
-def pipeline_config(on_error: str = "dead_letter", **buffer: int | float) -> Config:
+def pipeline_config(
+    on_error: str = "dead_letter", push_acks: int = 1, **buffer: int | float
+) -> Config:
     """A one-pipeline config whose buffer flushes as soon as a row is 10 ms old."""
     settings: dict[str, int | float] = {"min_rows": 1, "min_bytes": 1, "min_age": 0.01}
     settings.update(buffer)
@@ -71,6 +75,7 @@ def pipeline_config(on_error: str = "dead_letter", **buffer: int | float) -> Con
         "table": "events",
         "columns": {"user": "String", "amount": "Int64"},
         "on_error": on_error,
+        "push_acks": push_acks,
         "buffer": settings,
         "wal": {"fsync": "off"},
     }
@@ -456,6 +461,27 @@ class FakeMirror:
 
 
 @dataclass
+class FakeCopies:
+    """The shard's other nodes' copies of pushed batches, in memory, by (partition,
+    sequence); while `stores` is False no copy is taken (replicate says so)."""
+
+    held: dict[tuple[int, int], RecoveredBatch] = field(default_factory=dict)
+    stores: bool = True
+
+    def replicate(
+        self, partition: int, sequence: int, rows: pa.RecordBatch, acks: int, trim: int
+    ) -> Future[bool]:
+        done: Future[bool] = Future()
+        if self.stores:
+            self.held[(partition, sequence)] = RecoveredBatch(partition, sequence, rows)
+        done.set_result(self.stores)
+        return done
+
+    def recover(self) -> list[RecoveredBatch]:
+        return [self.held[key] for key in sorted(self.held)]
+
+
+@dataclass
 class Harness:
     """One leader's parts; `leader()` builds a leader of the current term over them."""
 
@@ -479,6 +505,8 @@ class Harness:
     """How many polls of each new consumer come back empty before its first fetch."""
     lanes: LaneParts | None = None
     """Lane processes the leaders read with (None: one lane, with `consumers`)."""
+    copies: FakeCopies | None = None
+    """Where pushed batches are copied (None: no copies part)."""
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -517,6 +545,7 @@ class Harness:
                 replicas=lambda: (),
                 mirror=lambda: self.mirror,
                 lanes=self.lanes,
+                push_copies=self.copies,
             ),
             assignment=shard_assignment(self.config, self.pipeline, self.shard),
             rows_per_task=self.config.spark.rows_per_task,

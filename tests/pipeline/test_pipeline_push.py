@@ -26,6 +26,7 @@ from hakafka.pipeline.push import (
 from tests.helpers.configs import minimal
 from tests.pipeline.fakes import (
     TOPIC,
+    FakeCopies,
     Harness,
     decoder_for,
     filled_topic,
@@ -282,3 +283,83 @@ def test_the_desk_bounds_what_waits_and_forgets_pushes_given_up() -> None:
     desk.close("stopped")
     with pytest.raises(PushRefusedError, match="push again"):
         four.done.result(0)
+
+
+def test_a_push_copied_to_another_node_is_answered_before_its_flush(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(), filled_topic(1, 1), copies=FakeCopies())
+    h.sink.gate.clear()  # nothing flushes
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    assert leader.push("w", 0, batch(0, 50), timeout=10.0) == PushResult(50, False)
+    assert PUSH_TOPIC not in h.fenced.checkpoint  # answered, not flushed
+    assert h.copies is not None and list(h.copies.held) == [(-1, 0)]
+    # No node takes the copy: the flush answers.
+    h.copies.stores = False
+    with ThreadPoolExecutor(1) as pool:
+        flushed = pool.submit(leader.push, "w", 1, batch(50, 20), 60.0)
+        with pytest.raises(TimeoutError):
+            flushed.result(1.0)
+        h.sink.gate.set()
+        assert flushed.result(60.0) == PushResult(20, False)
+    assert h.fenced.checkpoint[PUSH_TOPIC] == {-1: first_offset(1) + 20}
+
+
+def test_with_push_acks_0_the_leaders_wal_alone_answers(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(push_acks=0), filled_topic(1, 1))
+    h.sink.gate.clear()
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    assert leader.push("w", 0, batch(0, 5), timeout=10.0) == PushResult(5, False)
+    assert PUSH_TOPIC not in h.fenced.checkpoint
+
+
+def test_a_new_leader_without_the_old_ones_disk_flushes_answered_pushes_from_copies(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(), filled_topic(1, 10), copies=FakeCopies())
+    h.sink.gate.clear()
+    first = start(h, leaders)
+    assert first.wait_consuming(30.0), first.status
+    assert first.push("w", 3, batch(0, 50), timeout=10.0) == PushResult(50, False)
+    assert first.push("w", 4, batch(50, 30), timeout=10.0) == PushResult(30, False)
+    first.stop(0.1)  # its node dies with its disk
+    h.fenced = h.fenced.next_term()
+    h.wal_dir_name = "another-node-wal"
+    h.sink.gate.set()
+    second = start(h, leaders)
+    assert second.wait_consuming(30.0), second.status
+    wait_for(
+        lambda: h.fenced.checkpoint.get(PUSH_TOPIC) == {-1: first_offset(4) + 30},
+        "the recovered batches flushed",
+    )
+    assert pushed_offsets(h) == sorted(
+        [(-1, first_offset(3) + i) for i in range(50)]
+        + [(-1, first_offset(4) + i) for i in range(30)]
+    )
+    # The writer goes on; a late retry of an answered batch is a duplicate.
+    assert second.push("w", 4, batch(50, 30), timeout=30.0) == PushResult(0, True)
+    assert second.push("w", 5, batch(80, 5), timeout=30.0) == PushResult(5, False)
+
+
+def test_a_pending_block_is_rebuilt_from_copies_without_waiting_for_writers(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    h = Harness(tmp_path, pipeline_config(min_rows=60), filled_topic(1, 10), copies=FakeCopies())
+    first, answered = held_push(h, leaders)
+    assert answered.result(10.0) == PushResult(50, False)  # copied, then its block flushes
+    wait_for(h.sink.entered.is_set, "the first flush")
+    h.fenced.fenced = True
+    h.sink.gate.set()
+    wait_for(lambda: bool(h.sink.rows), "the insert to land")
+    first.stop(5.0)
+    h.fenced = h.fenced.next_term()
+    h.wal_dir_name = "another-node-wal"
+    second = start(h, leaders)
+    assert second.wait_consuming(30.0), second.status
+    wait_for(lambda: PUSH_TOPIC in h.fenced.checkpoint, "the pending block re-flushed")
+    assert h.fenced.checkpoint[PUSH_TOPIC] == {-1: first_offset(7) + 50}
+    assert pushed_offsets(h) == [(-1, first_offset(7) + i) for i in range(50)]
