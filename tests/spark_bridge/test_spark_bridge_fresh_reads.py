@@ -1,6 +1,7 @@
 """read_table with include_buffer on a running two-shard cluster, each shard on its own
-ClickHouse server, while data flows: every (partition, offset) once, as many rows as
-ClickHouse holds below the checkpoint plus the buffers above it."""
+ClickHouse server, while data flows from the topic and from a push writer per shard: every
+(partition, offset) once, each pushed batch whole, as many rows as ClickHouse holds below
+the checkpoint plus the buffers above it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from buffer.push_client import Pusher
 from chlib import Cluster
 from chlib.cluster import committed_condition
 from devstack.clickhouse import ClickHouseService
@@ -30,6 +32,7 @@ from spark_bridge.reader import above_checkpoint, read_table
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS = 4
+PUSH_ROWS = 50
 FLOWING = {"min_rows": 2000, "max_rows": 100_000, "min_bytes": 1, "min_age": 1, "max_age": 2}
 
 
@@ -121,14 +124,33 @@ def test_include_buffer_while_data_flows_returns_each_offset_once(
             start += 1000
             done.wait(0.2)
 
+    answered: dict[int, int] = {0: 0, 1: 0}  # pushed batches answered, per shard
+
+    def push_flow(shard: int) -> None:
+        # A writer per shard pushes PUSH_ROWS-row batches beside the topic's rows.
+        node = two_server_cluster.nodes[f"n{shard + 1}"]
+        pusher = Pusher(lambda: [node.url], "events", shard, f"fresh-s{shard}", wait_s=60)
+        while not done.is_set() and answered[shard] < 200:
+            ids = range(answered[shard] * PUSH_ROWS, (answered[shard] + 1) * PUSH_ROWS)
+            rows = pa.table({"id": list(ids), "kind": ["push"] * PUSH_ROWS,
+                             "amount": [0.5] * PUSH_ROWS})  # fmt: skip
+            pusher.push(answered[shard], rows)
+            answered[shard] += 1
+
     producer = threading.Thread(target=flow, daemon=True)
     producer.start()
+    pushers = [threading.Thread(target=push_flow, args=(s,), daemon=True) for s in (0, 1)]
+    for thread in pushers:
+        thread.start()
     try:
         # Both shards have flushed into their own server, and data keeps coming.
         wait_until(
-            lambda: all(ch_count([s], ch_database2, "1") > 0 for s in servers),
+            lambda: (
+                all(ch_count([s], ch_database2, "1") > 0 for s in servers)
+                and min(answered.values()) > 0
+            ),
             timeout=120,
-            what="a flush into each shard's ClickHouse",
+            what="a flush into each shard's ClickHouse, pushed batches among them",
         )
         view = cluster_view(config, "events", include_buffer=True)
         assert [[r.port for r in s.replicas] for s in view.shards] == [
@@ -148,11 +170,21 @@ def test_include_buffer_while_data_flows_returns_each_offset_once(
     finally:
         done.set()
         producer.join(timeout=30)
+        for thread in pushers:
+            thread.join(timeout=90)
 
     assert len(got) == len(set(got)), "no (partition, offset) twice"
     for partition in range(PARTITIONS):
         offsets = sorted(o for p, o in got if p == partition)
         assert offsets == list(range(len(offsets))), f"partition {partition}: no gap"
+    # Each writer's batches once and whole, from its first on, wherever each one was.
+    writers = sorted({p for p, _ in got if p < 0})
+    assert len(writers) == 2, writers
+    for partition in writers:
+        offsets = sorted(o for p, o in got if p == partition)
+        batches = sorted({o >> 20 for o in offsets})
+        assert batches == list(range(len(batches))), f"writer partition {partition}"
+        assert offsets == [(b << 20) + i for b in batches for i in range(PUSH_ROWS)]
     assert recorded.buffered is not None and recorded.committed
     flushed = ch_count(servers, ch_database2, committed_condition(recorded.committed))
     buffered = above_checkpoint(recorded.buffered, recorded.committed).num_rows
