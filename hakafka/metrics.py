@@ -34,6 +34,7 @@ class Metrics:
     consumer: ConsumerMetrics
     consumed_rows: Counter
     pushed_rows: Counter
+    push_copies: Counter
     consumed_bytes: Counter
     dead_letters: Counter
     wal_bytes: Counter
@@ -90,8 +91,16 @@ class Metrics:
             ),
             pushed_rows=Counter(
                 "hakafka_pushed_rows",
-                "Rows pushed into the buffer (POST /insert), each applied once",
+                "Rows pushed into the buffer (POST /insert, Flight do_put), each applied once",
                 p,
+                registry=reg,
+            ),
+            push_copies=Counter(
+                "hakafka_push_copies",
+                "Pushed batches copied to the shard's other nodes before their answer "
+                "(outcome: copied, as push_acks asks; short: too few nodes took it, the flush "
+                "answers)",
+                [*p, "outcome"],
                 registry=reg,
             ),
             consumed_bytes=Counter(

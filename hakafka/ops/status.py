@@ -253,8 +253,9 @@ def lanes_table(pipelines: list[dict[str, Any]]) -> str | None:
 
 def pushes_table(pipelines: list[dict[str, Any]]) -> str | None:
     """One row per pipeline that writers push into (None when none does): rows/s, rows
-    since the pipeline started reading, writers, batches not yet answered, and batches a
-    re-flush awaits from their writers."""
+    since the pipeline started reading, writers, batches not yet answered, batches whose
+    copies to other nodes are out (the replication lag), and batches a re-flush awaits from
+    their writers."""
     rows = [
         [
             p["shard"],
@@ -263,6 +264,7 @@ def pushes_table(pipelines: list[dict[str, Any]]) -> str | None:
             pushed["rows"],
             pushed["writers"],
             pushed["unanswered"],
+            pushed.get("copying", 0),
             pushed["awaiting_retries"],
         ]
         for p in pipelines
@@ -270,7 +272,16 @@ def pushes_table(pipelines: list[dict[str, Any]]) -> str | None:
     ]
     if not rows:
         return None
-    header = ["SHARD", "PIPELINE", "PUSHED ROWS/S", "ROWS", "WRITERS", "UNANSWERED", "AWAITED"]
+    header = [
+        "SHARD",
+        "PIPELINE",
+        "PUSHED ROWS/S",
+        "ROWS",
+        "WRITERS",
+        "UNANSWERED",
+        "COPYING",
+        "AWAITED",
+    ]
     return format_table(header, rows)
 
 

@@ -12,7 +12,9 @@ commits; the WAL record is already written, so nothing is consumed twice.
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -113,6 +115,8 @@ class ConsumeLane:
     push_rates: LaneRates = field(default_factory=LaneRates)  # pushed rows, under key 0
     desk: PushDesk | None = None  # where pushed batches wait for this thread
     copies: PushCopies | None = None  # where applied pushes are copied before their answer
+    copying: int = 0  # batches whose copies have not come back (replication lag)
+    _copying_lock: threading.Lock = field(default_factory=threading.Lock)
     pushed: dict[int, int] = field(default_factory=dict)  # writer partition -> next offset
 
     def _nothing_owed(self) -> bool:
@@ -271,11 +275,18 @@ class ConsumeLane:
             acks,
             desk.committed_end(request.partition),
         )
-        copied.add_done_callback(
-            lambda done: (
-                desk.durable(request) if done.exception() is None and done.result() else None
-            )
-        )
+        with self._copying_lock:
+            self.copying += 1
+        copied.add_done_callback(lambda done: self._copied(request, desk, done))
+
+    def _copied(self, request: PushRequest, desk: PushDesk, done: Future[bool]) -> None:
+        """A copy came back (on a sender thread): answer the push if it is durable now."""
+        with self._copying_lock:
+            self.copying -= 1
+        ok = done.exception() is None and done.result()
+        self.context.meters.push_copied(ok)
+        if ok:
+            desk.durable(request)
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append to the buffer (the gauges follow); at its limit pause the partitions and

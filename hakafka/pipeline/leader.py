@@ -335,11 +335,13 @@ class PipelineLeader:
 
     def pushes(self) -> PushView:
         """The pipeline's pushes: rows applied and their recent rate, writers, batches not
-        yet answered and those a re-flush awaits from their writers."""
+        yet answered, those whose copies are out, and those a re-flush awaits from their
+        writers."""
         (view,) = self._consume.push_rates.views([[]], {})
         unanswered, awaited = self._desk.counts()
         writers = len(self._consume.pushed)
-        return PushView(view.rows, view.rows_per_s, writers, unanswered, awaited)
+        copying = self._consume.copying
+        return PushView(view.rows, view.rows_per_s, writers, unanswered, copying, awaited)
 
     # -- pipeline thread: recovery then consumption ----------------------------------------
 

@@ -50,6 +50,11 @@ class PipelineMeters:
         """A pushed batch of `rows` rows was applied (a retry is not counted again)."""
         self._m.pushed_rows.labels(**self._labels).inc(rows)
 
+    def push_copied(self, copied: bool) -> None:
+        """A pushed batch's copies came back: as `push_acks` asks (`copied`), or short."""
+        outcome = "copied" if copied else "short"
+        self._m.push_copies.labels(**self._labels, outcome=outcome).inc()
+
     def offset_reset(self, reset: OffsetReset) -> None:
         """A lane's consumer reset `reset.partition`'s offset (a lane process has no
         counters of its own; with one lane the consumer counts it itself)."""

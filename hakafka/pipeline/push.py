@@ -172,7 +172,8 @@ class PushView:
     rows: int  # applied since the pipeline started reading (retries not counted)
     rows_per_s: float  # over the last few seconds
     writers: int  # with a position in this shard (the checkpoint's and this term's)
-    unanswered: int  # batches applied or queued, not yet answered (waiting for a flush)
+    unanswered: int  # batches applied or queued, not yet answered (a copy or a flush)
+    copying: int  # batches whose copies to other nodes have not come back
     awaiting_retries: int  # a pending block's batches awaited from their writers
 
 

@@ -81,8 +81,9 @@ def test_a_pipeline_written_into_gets_a_row_of_pushes() -> None:
     pipeline = {"shard": 0, "node": "n1", "pipeline": "events", "state": "consuming",
                 "error": None, "lag": {0: 0}, "lanes": []}  # fmt: skip
     pushed = {"rows": 120_000, "rows_per_s": 4321.5, "writers": 3, "unanswered": 2,
-              "awaiting_retries": 1}  # fmt: skip
-    idle = {"rows": 0, "rows_per_s": 0.0, "writers": 0, "unanswered": 0, "awaiting_retries": 0}
+              "copying": 1, "awaiting_retries": 1}  # fmt: skip
+    idle = {"rows": 0, "rows_per_s": 0.0, "writers": 0, "unanswered": 0, "copying": 0,
+            "awaiting_retries": 0}  # fmt: skip
     status = {
         "shards": [],
         "pipelines": [{**pipeline, "pushed": pushed}, {**pipeline, "shard": 1, "pushed": idle}],

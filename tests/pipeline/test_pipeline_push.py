@@ -295,6 +295,9 @@ def test_a_push_copied_to_another_node_is_answered_before_its_flush(
     assert leader.push("w", 0, batch(0, 50), timeout=10.0) == PushResult(50, False)
     assert PUSH_TOPIC not in h.fenced.checkpoint  # answered, not flushed
     assert h.copies is not None and list(h.copies.held) == [(-1, 0)]
+    assert leader.pushes().copying == 0
+    labels = {"pipeline": "events", "shard": "0", "outcome": "copied"}
+    assert h.registries[-1].get_sample_value("hakafka_push_copies_total", labels) == 1
     # No node takes the copy: the flush answers.
     h.copies.stores = False
     with ThreadPoolExecutor(1) as pool:
