@@ -90,7 +90,9 @@ def test_a_pipeline_written_into_gets_a_row_of_pushes() -> None:
         "nodes": [],
     }
     lines = render(status).splitlines()
-    header = lines.index("SHARD  PIPELINE  PUSHED ROWS/S  ROWS    WRITERS  UNANSWERED  AWAITED")
+    header = lines.index(
+        "SHARD  PIPELINE  PUSHED ROWS/S  ROWS    WRITERS  UNANSWERED  COPYING  AWAITED"
+    )
     # Shard 1 has no writers: no row.
-    assert lines[header + 1].split() == ["0", "events", "4,322", "120000", "3", "2", "1"]
+    assert lines[header + 1].split() == ["0", "events", "4,322", "120000", "3", "2", "1", "1"]
     assert header + 2 == len(lines) or lines[header + 2] == ""
