@@ -152,7 +152,7 @@ class PipelineLeader:
             crash=self._crash,
             log=self._log,
         )
-        self._desk = PushDesk(lambda: self.buffer.limit_bytes)
+        self._desk = PushDesk(lambda: self.buffer.limit_bytes, lambda: self.buffer.nbytes)
         self._writers: dict[str, int] = {}  # push writer -> its partition, this term
         self._consume = ConsumeLane(context, desk=self._desk, copies=parts.push_copies)
         self._schemas = SchemaConverter(config.name, decoder.schema)

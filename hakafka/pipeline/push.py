@@ -289,13 +289,17 @@ def _meta(f: pa.Field, n: int, partition: int, sequence: int) -> pa.Array:
 
 
 class PushDesk:
-    """Where request threads leave pushes for the pipeline thread, and wait until a
-    checkpoint covers them; shared by both (its own lock). Queued pushes count against
-    `limit_bytes()` (the pipeline's buffer limit): past it a push gets 429 at once, so a
-    held pipeline thread never lets pushes pile up in memory."""
+    """Where request threads leave pushes for the pipeline thread, and wait until they are
+    answered; shared by both (its own lock). Queued pushes count against `limit_bytes()`
+    (the pipeline's buffer limit) with what the buffer holds (`buffered_bytes()`): past it a
+    push gets 429 at once, so neither a full buffer (its pipeline thread waiting for a
+    flush) nor a held pipeline thread lets pushes wait out their timeout or pile up."""
 
-    def __init__(self, limit_bytes: Callable[[], int]) -> None:
+    def __init__(
+        self, limit_bytes: Callable[[], int], buffered_bytes: Callable[[], int] = lambda: 0
+    ) -> None:
         self._limit_bytes = limit_bytes
+        self._buffered_bytes = buffered_bytes
         self._lock = threading.Lock()
         self._queue: list[PushRequest] = []
         self._queued_bytes = 0
@@ -319,9 +323,9 @@ class PushDesk:
                 refusal = _unavailable(self._closed)
             elif key in self._awaited:
                 refusal = self._retry_of_pending(request, self._awaited[key])
-            elif self._queued_bytes + request.nbytes > limit:
+            elif (held := self._buffered_bytes() + self._queued_bytes) + request.nbytes > limit:
                 refusal = PushRefusedError(
-                    f"{self._queued_bytes} bytes of pushes wait for the pipeline thread: "
+                    f"{held} bytes buffered or waiting for the pipeline thread: "
                     f"{request.nbytes} more would pass the buffer limit ({limit})",
                     status=429,
                     retry_after_s=1.0,

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 from urllib.parse import quote
 
+import pyarrow as pa
 import pytest
 
 from buffer.client import query as remote_query
+from buffer.push_client import Pusher
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import StackEndpoints
 from devstack.records import create_topic
@@ -263,6 +267,16 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
     cluster.wait_leaders(ALL_SHARDS)
     warm = produce(stack.kafka, topic, 2_000)
     wait_for(lambda: landed(ch_client, "events") >= 2_000, 120, "warm-up rows")
+    pushed = pa.table({"id": list(range(300)), "kind": ["push"] * 300, "amount": [0.5] * 300})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pushed.schema) as writer:
+        writer.write_table(pushed)
+    insert = urllib.request.Request(
+        f"{node.url}/insert?pipeline=events&shard=0&writer=w-outage&sequence=0",
+        data=sink.getvalue().to_pybytes(),
+        headers={"Content-Type": "application/vnd.apache.arrow.stream"},
+        method="POST",
+    )
     clickhouse.stop()
     try:
         outage = produce(stack.kafka, topic, 100_000, start=2_000)
@@ -284,16 +298,30 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
             assert metric(node, "hakafka_consumed_rows_total") == consumed
             held = samples(node, "hakafka_buffer_bytes")
             assert len(held) == 2 and all(0 < b <= limit for b in held.values()), held
+        # A push into the full buffer is refused at once (429, Retry-After), not applied.
+        began = time.monotonic()
+        try:
+            urllib.request.urlopen(insert, timeout=60)
+            raise AssertionError("a push into a full buffer was taken")
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 429, refused.read()
+            assert refused.headers["Retry-After"] == "1"
+            assert "would pass the buffer limit" in json.loads(refused.read())["message"]
+        assert time.monotonic() - began < 10
     finally:
         clickhouse.start()
+    # Pushed again once there is room: applied once, nothing of the refused push lost.
+    pusher = Pusher(lambda: [node.url], "events", 0, "w-outage", wait_s=240)
+    assert pusher.push(0, pushed).rows == 300
     client = clickhouse.client(database=ch_client.database)
     wait_for(
-        lambda: count(client, "events") >= 102_000,
+        lambda: count(client, "events") >= 102_300,
         240,
         "every row after the outage",
     )
     time.sleep(4)
-    assert_exactly_once(client, "events", warm.good | outage.good)
+    batch = {(-1, i) for i in range(300)}  # the cluster's first writer, sequence 0
+    assert_exactly_once(client, "events", warm.good | outage.good | batch)
     assert metric(node, "hakafka_flushes_total") > 0
     assert count(client, "events_dead_letter") == 0
 

@@ -5,6 +5,7 @@ by the next term. Fakes of Kafka, ZooKeeper and ClickHouse (`fakes.py`)."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -120,9 +121,14 @@ def test_a_push_over_the_buffer_limit_is_refused_with_429_and_nothing_is_lost(
     with ThreadPoolExecutor(1) as pool:
         first: Future[PushResult] = pool.submit(leader.push, "w", 0, batch(0, 1000), 60.0)
         wait_for(lambda: leader.buffer.rows.row_count >= 1000, "the first batch in the buffer")
+        # Refused at once, not after the caller's timeout (the buffer waits for a flush).
+        began = time.monotonic()
         with pytest.raises(PushRefusedError) as refused:
             leader.push("w", 1, batch(1000, 3000), timeout=10.0)
-        assert refused.value.status == 429 and "would pass the limit" in str(refused.value)
+        assert time.monotonic() - began < 5.0
+        assert refused.value.status == 429
+        assert "bytes buffered or waiting for the pipeline thread" in str(refused.value)
+        assert "would pass the buffer limit (196608)" in str(refused.value)
         h.sink.gate.set()
         assert first.result(60.0) == PushResult(1000, False)
     # A batch larger than the buffer can ever hold is refused as bad input, not as "later".
@@ -143,7 +149,7 @@ def test_the_next_term_replays_pushed_rows_from_the_wal_and_takes_retries_once(
     wait_for(lambda: first.buffer.rows.row_count >= 60, "the push in the buffer")
     first.stop(0.1)
     with pytest.raises(PushRefusedError, match="push again"):
-        pending.result(10.0)
+        pending.result(30.0)
     h.fenced = h.fenced.next_term()
     h.sink.gate.set()
     second = start(h, leaders)
@@ -167,7 +173,7 @@ def test_a_pending_block_whose_pushed_rows_died_with_their_leader_is_rebuilt_fro
     wait_for(lambda: bool(h.sink.rows), "the insert to land")
     first.stop(5.0)
     with pytest.raises(PushRefusedError, match="push again"):
-        unanswered.result(10.0)
+        unanswered.result(30.0)
     intent = h.fenced.pending
     assert intent is not None and intent.pushed == ((-1, 7, 50),)
     # The next leader is another node: its WAL has neither the rows nor the push.
@@ -353,7 +359,7 @@ def test_a_pending_block_is_rebuilt_from_copies_without_waiting_for_writers(
 ) -> None:
     h = Harness(tmp_path, pipeline_config(min_rows=60), filled_topic(1, 10), copies=FakeCopies())
     first, answered = held_push(h, leaders)
-    assert answered.result(10.0) == PushResult(50, False)  # copied, then its block flushes
+    assert answered.result(30.0) == PushResult(50, False)  # copied, then its block flushes
     wait_for(h.sink.entered.is_set, "the first flush")
     h.fenced.fenced = True
     h.sink.gate.set()
