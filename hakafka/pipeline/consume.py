@@ -309,6 +309,9 @@ class ConsumeLane:
                         )
                         if self.source is not None:
                             self.source.pause()
+                        if self.desk is not None:
+                            # This thread takes no push until a flush commits: say so now.
+                            self.desk.hold(f"{exc.nbytes} bytes buffered of {exc.limit_bytes}")
                         context.meters.backpressure(True)
                         context.log.info(
                             "consumer.paused",
@@ -320,6 +323,8 @@ class ConsumeLane:
         finally:
             if paused:
                 context.status.done_waiting(Waiting.BUFFER_FULL)
+                if self.desk is not None:
+                    self.desk.release()
                 if self.source is not None:
                     self.source.resume()
                 context.meters.backpressure(False)

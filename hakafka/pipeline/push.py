@@ -306,6 +306,7 @@ class PushDesk:
         self._flushing: list[_Flushing] = []
         self._checkpoint: dict[int, int] = {}
         self._closed: str | None = None
+        self._held: str | None = None  # why the pipeline thread takes no push now
         # A pending block's batches that no WAL here has: their retries are taken aside.
         self._awaited: dict[tuple[int, int], int] = {}
         self._retried: dict[tuple[int, int], pa.RecordBatch] = {}
@@ -323,6 +324,8 @@ class PushDesk:
                 refusal = _unavailable(self._closed)
             elif key in self._awaited:
                 refusal = self._retry_of_pending(request, self._awaited[key])
+            elif self._held is not None:
+                refusal = _full(self._held)
             elif (held := self._buffered_bytes() + self._queued_bytes) + request.nbytes > limit:
                 refusal = PushRefusedError(
                     f"{held} bytes buffered or waiting for the pipeline thread: "
@@ -335,6 +338,22 @@ class PushDesk:
                 self._queued_bytes += request.nbytes
         if refusal is not None:
             settle(request.done, refusal)
+
+    def hold(self, why: str) -> None:
+        """The pipeline thread waits for a flush at the buffer's limit and takes no push:
+        refuse the queued pushes and new ones with 429 (`why`) until `release`."""
+        with self._lock:
+            self._held = why
+            refused = [r for r in self._queue if not r.recovered]  # recovered ones wait
+            self._queue = [r for r in self._queue if r.recovered]
+            self._queued_bytes = sum(r.nbytes for r in self._queue)
+        for request in refused:
+            settle(request.done, _full(why))
+
+    def release(self) -> None:
+        """A flush made room: pushes are taken again."""
+        with self._lock:
+            self._held = None
 
     def await_retries(self, batches: Iterable[Batch]) -> None:
         """Recovery: the pending block holds `batches` (partition, sequence, rows) that a WAL
@@ -452,6 +471,14 @@ class PushDesk:
             self._queue, self._queued_bytes, self._flushing = [], 0, []
         for done in waiting:
             settle(done, _unavailable(why))
+
+
+def _full(why: str) -> PushRefusedError:
+    return PushRefusedError(
+        f"the buffer is full ({why}) until a flush commits: push again",
+        status=429,
+        retry_after_s=1.0,
+    )
 
 
 def _unavailable(why: str) -> PushRefusedError:

@@ -283,6 +283,16 @@ def test_the_desk_bounds_what_waits_and_forgets_pushes_given_up() -> None:
     assert not one.done.done()  # waits for the checkpoint
     desk.committed({-1: one.end})
     assert one.done.result(0) == PushResult(1000, False)
+    # While the pipeline thread waits for a flush at the buffer's limit it takes no push:
+    # the queued ones and new ones get 429 at once, until a flush makes room.
+    desk.submit(queued := PushRequest(-2, 0, rows))
+    desk.hold("2000 bytes buffered of 2000")
+    desk.submit(later := PushRequest(-2, 0, rows))
+    for refused_now in (queued, later):
+        with pytest.raises(PushRefusedError, match=r"the buffer is full \(2000 bytes") as full:
+            refused_now.done.result(0)
+        assert full.value.status == 429
+    desk.release()
     # Taken, the queue's bytes count no more.
     desk.submit(four := PushRequest(-2, 0, rows))
     assert not four.done.done()
