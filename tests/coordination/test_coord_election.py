@@ -304,6 +304,13 @@ def test_leader_status_and_leave(leadership_log: Any, coordinators: Any, one_lea
     log = leadership_log
     made, joined = stand(coordinators, ["n1", "n2"], log, one_leader)
     joined["n1"].set_status("consuming")
+    # n2's session may be on another ZooKeeper server, whose reads may lag the write (a
+    # ZooKeeper read is not linearizable without a sync): seen there within moments.
+    wait_until(
+        lambda: (info := made["n2"].leader_of(0)) is not None and info.status == "consuming",
+        timeout=5.0,
+        what="n1's status in its leader znode",
+    )
     info = made["n2"].leader_of(0)
     assert info is not None and (info.node, info.status, info.epoch) == ("n1", "consuming", 1)
     made["n1"].leave(0)
