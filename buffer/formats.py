@@ -147,6 +147,14 @@ def encode(result: QueryResult, fmt: Format) -> list[bytes]:
     return out.chunks
 
 
+def encode_arrow(data: pa.Table | pa.RecordBatch) -> bytes:
+    """`data` as an Arrow IPC stream (what `decode_arrow` reads)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
+    return bytes(sink.getvalue().to_pybytes())
+
+
 def decode_arrow(data: bytes) -> pa.Table:
     """The table in an Arrow IPC stream."""
     return pa.ipc.open_stream(data).read_all()

@@ -29,6 +29,7 @@ import pyarrow.flight as fl
 
 from buffer.auth import bearer_header
 from buffer.client import open_url, require_tls
+from buffer.formats import encode_arrow
 from buffer.tls import ClientTls
 from retry_policy import Backoff
 
@@ -225,10 +226,7 @@ class _Body:
 
     def ipc(self) -> bytes:
         if self._ipc is None:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, self.table.schema) as writer:
-                writer.write_table(self.table)
-            self._ipc = bytes(sink.getvalue().to_pybytes())
+            self._ipc = encode_arrow(self.table)
         return self._ipc
 
 

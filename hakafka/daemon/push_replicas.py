@@ -26,6 +26,7 @@ import structlog
 
 from buffer.auth import bearer_header
 from buffer.client import open_url
+from buffer.formats import encode_arrow
 from buffer.http import Reply
 from buffer.tls import ClientTls
 from hakafka.daemon.replica_store import (
@@ -67,7 +68,7 @@ class PushReplicas:
         if len(peers) < acks:
             done.set_result(False)
             return done
-        body = _ipc(rows)
+        body = encode_arrow(rows)
         params = {
             "pipeline": self.pipeline,
             "shard": self.shard,
@@ -199,13 +200,6 @@ class ReplicaRoutes:
 
 def _json(status: int, body: dict[str, object]) -> Reply:
     return Reply(status, "application/json", json.dumps(body).encode())
-
-
-def _ipc(rows: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write_batch(rows)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def _post(
