@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hakafka.coordination import paths
+from hakafka.pipeline.push import first_offset
 
 _NAME = re.compile(r"(-?\d+)_(\d+)_(\d+)\.arrows")
-SEQUENCE_BITS = 20  # pipeline/push.py's: a batch's first offset is sequence << 20
 
 
 class StaleEpochError(Exception):
@@ -41,7 +41,7 @@ class StoredBatch:
     @property
     def end(self) -> int:
         """The offset after its last row."""
-        return (self.sequence << SEQUENCE_BITS) + self.rows
+        return first_offset(self.sequence) + self.rows
 
 
 class ReplicaStore:
