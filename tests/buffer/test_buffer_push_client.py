@@ -124,6 +124,15 @@ def test_a_refused_batch_fails_at_once_with_the_servers_reason() -> None:
     assert refused.value.status == 400 and len(script.seen) == 1
 
 
+def test_a_second_batch_in_flight_of_the_writer_fails_at_once_as_409() -> None:
+    message = "sequence 4 of this writer is not answered yet: push it again until it is"
+    script = Script([(409, {"error": "in_flight", "message": message})])
+    for url in serve(script):
+        with pytest.raises(PushRejectedError, match="sequence 4 of this writer") as refused:
+            quick([url]).push(5, BATCH)
+    assert refused.value.status == 409 and len(script.seen) == 1
+
+
 def test_past_the_wait_it_fails_naming_the_last_reason() -> None:
     script = Script([(429, {"message": "buffer at its limit"})])
     for url in serve(script):
@@ -172,14 +181,23 @@ def test_over_flight_a_follower_names_the_leader_and_not_now_is_retried(
 def test_over_flight_a_bad_batch_fails_with_its_reason_and_a_large_one_is_cut_off(
     engine: SqlEngine,
 ) -> None:
-    script = Script([(400, {"error": "bad_batch", "message": "column 'kind', row 1: null"})])
+    script = Script(
+        [
+            (400, {"error": "bad_batch", "message": "column 'kind', row 1: null"}),
+            (409, {"error": "in_flight", "message": "sequence 0 of this writer is not answered"}),
+        ]
+    )
     server = flight_server(engine, script)
     try:
-        with pytest.raises(PushRejectedError, match=r"column 'kind', row 1: null"):
+        with pytest.raises(PushRejectedError, match=r"column 'kind', row 1: null") as bad:
             quick([server.location]).push(0, BATCH)
+        assert bad.value.status == 400
+        with pytest.raises(PushRejectedError, match=r"sequence 0 of this writer") as twice:
+            quick([server.location]).push(1, BATCH)
+        assert twice.value.status == 409
         large = pa.table({"id": list(range(20_000))})  # 160 KB, over the 64 KiB bound
         with pytest.raises(PushRejectedError, match=r"more than 65536 bytes in one put"):
             quick([server.location]).push(1, large)
     finally:
         server.shutdown()
-    assert len(script.seen) == 1  # the large one never reached the handler
+    assert len(script.seen) == 2  # the large one never reached the handler

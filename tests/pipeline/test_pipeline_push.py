@@ -16,11 +16,13 @@ from hakafka.config import parse_config
 from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline import PipelineLeader
 from hakafka.pipeline.push import (
+    PushConflictError,
     PushDesk,
     PushError,
     PushRefusedError,
     PushRequest,
     PushResult,
+    RecoveredBatch,
     conform,
     first_offset,
 )
@@ -124,7 +126,7 @@ def test_a_push_over_the_buffer_limit_is_refused_with_429_and_nothing_is_lost(
         # Refused at once, not after the caller's timeout (the buffer waits for a flush).
         began = time.monotonic()
         with pytest.raises(PushRefusedError) as refused:
-            leader.push("w", 1, batch(1000, 3000), timeout=10.0)
+            leader.push("v", 0, batch(1000, 3000), timeout=10.0)
         assert time.monotonic() - began < 5.0
         assert refused.value.status == 429
         assert "bytes buffered or waiting for the pipeline thread" in str(refused.value)
@@ -133,9 +135,9 @@ def test_a_push_over_the_buffer_limit_is_refused_with_429_and_nothing_is_lost(
         assert first.result(60.0) == PushResult(1000, False)
     # A batch larger than the buffer can ever hold is refused as bad input, not as "later".
     with pytest.raises(PushError, match=r"more than the pipeline's buffer holds"):
-        leader.push("w", 1, batch(1000, 4000), timeout=10.0)
+        leader.push("v", 0, batch(1000, 4000), timeout=10.0)
     # Refused means not applied: pushed again, it is taken.
-    assert leader.push("w", 1, batch(1000, 3000), timeout=30.0) == PushResult(3000, False)
+    assert leader.push("v", 0, batch(1000, 3000), timeout=30.0) == PushResult(3000, False)
     assert len(pushed_offsets(h)) == 4000
 
 
@@ -270,7 +272,7 @@ def test_the_desk_bounds_what_waits_and_forgets_pushes_given_up() -> None:
     limit = one.nbytes * 2
     desk = PushDesk(lambda: limit)
     desk.submit(one)
-    desk.submit(two := PushRequest(-1, 1, rows))
+    desk.submit(two := PushRequest(-3, 0, rows))
     # A third would pass the limit while the pipeline thread is held: 429 at once.
     desk.submit(three := PushRequest(-2, 0, rows))
     with pytest.raises(PushRefusedError, match="would pass the buffer limit") as refused:
@@ -299,6 +301,40 @@ def test_the_desk_bounds_what_waits_and_forgets_pushes_given_up() -> None:
     desk.close("stopped")
     with pytest.raises(PushRefusedError, match="push again"):
         four.done.result(0)
+
+
+def test_the_desk_takes_one_batch_in_flight_per_writer() -> None:
+    rows = pa.record_batch({"a": pa.array(range(10), pa.int64())})
+    desk = PushDesk(lambda: 1 << 20)
+    desk.submit(first := PushRequest(-1, 4, rows))
+    # Another sequence of the writer while the first waits: applied before it, it would make
+    # the first look like a retry and lose it. Refused, and nothing of it is queued.
+    desk.submit(second := PushRequest(-1, 5, rows))
+    with pytest.raises(PushConflictError, match=r"sequence 4 of this writer is not answered"):
+        second.done.result(0)
+    # The same batch again (a retry after a timeout) and other writers are taken.
+    desk.submit(again := PushRequest(-1, 4, rows))
+    desk.submit(other := PushRequest(-2, 0, rows))
+    assert desk.take() == [first, again, other]
+    # Applied and not yet answered (waiting for a copy or a flush): still in flight.
+    desk.applied(first, PushResult(10, False))
+    desk.applied(again, PushResult(0, True))
+    desk.submit(third := PushRequest(-1, 5, rows))
+    with pytest.raises(PushConflictError, match="one batch in flight per writer"):
+        third.done.result(0)
+    # A caller that gave up does not free the writer: its batch may still be applied.
+    assert first.done.cancel()
+    desk.submit(fourth := PushRequest(-1, 5, rows))
+    assert isinstance(fourth.done.exception(0), PushConflictError)
+    # Answered (copied here), the writer's next sequence is taken.
+    desk.durable(first)
+    desk.durable(again)
+    desk.submit(fifth := PushRequest(-1, 5, rows))
+    assert not fifth.done.done()
+    # Batches gathered back from copies belong to no waiting writer: they hold nobody up.
+    desk.recover([RecoveredBatch(-4, 0, rows)])
+    desk.submit(sixth := PushRequest(-4, 1, rows))
+    assert not sixth.done.done()
 
 
 def test_a_push_copied_to_another_node_is_answered_before_its_flush(
