@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 # flush interval): two workers, each with its own local stack, halve the suite's time on 2
 # cores. A file's tests stay on one worker (its module fixtures start once). Three were
 # measured: 14:25 instead of 16:56, but with the cores saturated the chaos run's daemons
-# missed their ZooKeeper connect bound; two it stays.
+# missed their ZooKeeper connect bound; two it stays. Files go out longest first (the
+# order tests/conftest.py gives them), not xdist's by test count.
 PYTEST_WORKERS ?= 2
 
 .PHONY: install java systemd-analyze chromium demo test check lint typecheck pytest bench chaos clean
@@ -55,7 +56,7 @@ check: lint typecheck
 
 # pytest exits 5 when it collects nothing: one clear line and exit 1, never taken as a pass.
 pytest: install
-	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (check PYTEST_ARGS): nothing was verified, so this fails" >&2; exit 1; fi; \
 	exit $$rc
 

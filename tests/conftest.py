@@ -59,6 +59,55 @@ def pytest_runtest_makereport(
     return report
 
 
+# What a test is expected to take, to order files longest first (see below): `slow` says
+# ~30 s unless it names its `seconds`; other integration tests start services and wait.
+_SLOW_SECONDS = 30.0
+_INTEGRATION_SECONDS = 5.0
+_UNIT_SECONDS = 0.05
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    slow = item.get_closest_marker("slow")
+    if slow is not None:
+        return float(slow.kwargs.get("seconds", _SLOW_SECONDS))
+    if item.get_closest_marker("integration") is not None:
+        return _INTEGRATION_SECONDS
+    return _UNIT_SECONDS
+
+
+# The session fixtures that start a service: a test that uses one (directly or through
+# another fixture) is an integration test, and must say so for `-m "not integration"`.
+_SERVICES = frozenset(
+    {"zookeeper", "zookeeper_ensemble", "kafka", "clickhouse", "clickhouse2", "spark"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a service without the `integration` mark is a usage error naming
+    it. Files in order of their expected time, longest first, each file's tests in their own
+    order. `make test` runs `--dist loadfile --no-loadscope-reorder`, so xdist hands files
+    to its workers in this order: the 3-minute chaos run starts at once and short files
+    fill in at the end, instead of the slowest ones starting last (xdist's own order is by
+    test count, which put the single-test fault runs at the end: minutes of one worker
+    alone)."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if _SERVICES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests start services (" + ", ".join(sorted(_SERVICES)) + ") but are not "
+            "marked integration: " + ", ".join(unmarked)
+        )
+    cost: dict[Path, float] = {}
+    for item in items:
+        cost[item.path] = cost.get(item.path, 0.0) + _expected_seconds(item)
+    first_seen = {path: i for i, path in enumerate(cost)}
+    items.sort(key=lambda item: (-cost[item.path], first_seen[item.path]))
+
+
 def _slug(request: pytest.FixtureRequest) -> str:
     """A short name unique to this test, usable in ZooKeeper paths, topics and databases."""
     base = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]

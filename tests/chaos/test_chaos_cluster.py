@@ -76,7 +76,12 @@ from hakafka.coordination import Coordinator, NodeInfo
 from hakafka.coordination.session import ZkConfig
 from tests.helpers.waiting import wait_for
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.slow(seconds=190),  # the short run
+]
 
 NODES = {"n1": [0, 1], "n2": [0], "n3": [1]}
 SHARDS = [0, 1]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from devstack.cluster import StackEndpoints
 from devstack.records import Produced, create_topic
 from devstack.records import produce as produce_records
@@ -17,6 +19,8 @@ from tests.commands import edit
 from tests.helpers.landing import assert_exactly_once, landed
 from tests.helpers.logs import log_events
 from tests.helpers.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow(seconds=70)]
 
 PARTITIONS = 6
 SHARD = [0]

@@ -14,7 +14,7 @@ import pytest
 
 from devstack.process import pid_alive, pid_cmdline, processes_under, stop_pid
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow(seconds=110)]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_TIMEOUT_S = 300.0  # it takes about a minute here; the README promises about two
