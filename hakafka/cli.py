@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from buffer.push_bounds import MAX_ROWS, MAX_SEQUENCE
 from hakafka import __version__, logs
 from hakafka.config import DEFAULT_PATH, Config, ConfigError, check_data_dir
 from hakafka.ops import handlers
@@ -23,7 +24,7 @@ from hakafka.ops.handlers import (
     clickhouse_type_problem,
     load_with_table_columns,
 )
-from hakafka.ops.push import MAX_ROWS, MAX_SEQUENCE, FileFormat
+from hakafka.ops.push import FileFormat
 
 # `clickhouse_type_problem` too: tests/consumer read configs with the check every command uses.
 __all__ = ["build_parser", "clickhouse_type_problem", "main"]

@@ -38,6 +38,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from buffer.push_bounds import MAX_ROWS
 from buffer.push_client import Pushed, Pusher
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 SOURCE_NAME = "hakafka"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the micro-batch's id, set on its tasks
-SEQUENCE_BITS = 20  # a micro-batch's batches: at most 2**20 per task and shard
+TASK_BATCH_BITS = 20  # a micro-batch's batches: at most 2**20 per task and shard
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class PushOptions:
             writer=opts["writer"],
             shards=_positive(opts, "shards", 1),
             key=opts.get("key") or None,
-            batch_rows=min(_positive(opts, "batch_rows", 100_000), 1 << SEQUENCE_BITS),
+            batch_rows=min(_positive(opts, "batch_rows", 100_000), MAX_ROWS),
             token=opts.get("token") or None,
             wait_s=float(_positive(opts, "wait_s", 300)),
         )
@@ -145,7 +146,7 @@ def push_task(
         pusher = make_pusher(options, shard, f"{options.writer}-t{task}-s{shard}")
         try:
             for k, first in enumerate(range(0, part.num_rows, options.batch_rows)):
-                sequence = k if batch_id is None else (batch_id << SEQUENCE_BITS) + k
+                sequence = k if batch_id is None else (batch_id << TASK_BATCH_BITS) + k
                 answer = pusher.push(sequence, part.slice(first, options.batch_rows))
                 rows += answer.rows
                 duplicates += answer.duplicate

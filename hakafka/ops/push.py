@@ -27,10 +27,6 @@ from buffer.push_client import Pushed, Pusher
 from hakafka.ops.cluster import OpsError, UsageError
 
 PROGRESS_S = 1.0  # at most one progress line a second
-# The leader's bounds of a batch (`pipeline/push.py`, which an operator command may not
-# import): 2**20 rows, sequences below 2**43.
-MAX_ROWS = 1 << 20
-MAX_SEQUENCE = (1 << 43) - 1
 
 
 class FileReadError(OpsError):

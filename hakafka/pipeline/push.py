@@ -34,15 +34,12 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from buffer.push_bounds import MAX_ROWS, MAX_SEQUENCE, SEQUENCE_BITS
 from buffer.table import batch_nbytes
 from hakafka.consumer import PipelineSchema
 from hakafka.consumer.convert import ChunkError, convert_column
 from hakafka.consumer.schema import ColumnSpec
 from hakafka.coordination.writers import PUSH_TOPIC
-
-SEQUENCE_BITS = 20
-MAX_ROWS = 1 << SEQUENCE_BITS  # rows in one pushed batch
-MAX_SEQUENCE = (1 << (63 - SEQUENCE_BITS)) - 1
 
 V = TypeVar("V")
 

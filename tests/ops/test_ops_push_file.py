@@ -10,7 +10,6 @@ import pytest
 
 from hakafka.ops import push
 from hakafka.ops.cluster import UsageError
-from hakafka.pipeline import push as pipeline_push
 
 
 def cut(path: Path, fmt: push.FileFormat, rows: int) -> list[list[str]]:
@@ -61,10 +60,3 @@ def test_unreadable_input_names_the_file_and_where(tmp_path: Path) -> None:
         list(push.batches(jsonl, push.FileFormat.ARROW, 2, push.Progress()))
     with pytest.raises(UsageError, match=r"rows.txt: name its format with --format"):
         push.file_format(tmp_path / "rows.txt", None)
-
-
-def test_the_batch_bounds_are_the_leaders() -> None:
-    assert (push.MAX_ROWS, push.MAX_SEQUENCE) == (
-        pipeline_push.MAX_ROWS,
-        pipeline_push.MAX_SEQUENCE,
-    )
