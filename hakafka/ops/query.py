@@ -12,7 +12,7 @@ import pyarrow.csv as pacsv
 
 from buffer.client import PlainTextRefusedError, QueryFailedError
 from buffer.client import query as remote_query
-from buffer.formats import json_document
+from buffer.formats import encode_arrow, json_document
 from buffer.sql import SHARD_COLUMN
 from buffer.tls import ClientTls
 from hakafka.coordination import Coordinator, LeaderInfo
@@ -148,10 +148,8 @@ def render(table: pa.Table, fmt: str) -> bytes:
         return f"{text}\n({table.num_rows} rows)\n".encode()
     if fmt == "json":
         return json_document(table) + b"\n"
+    if fmt != "csv":
+        return encode_arrow(table)
     sink = io.BytesIO()
-    if fmt == "csv":
-        pacsv.write_csv(table, sink)
-    else:
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+    pacsv.write_csv(table, sink)
     return sink.getvalue()

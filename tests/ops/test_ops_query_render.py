@@ -27,3 +27,9 @@ def test_json_output_is_valid_json_with_nan_and_inf_as_null() -> None:
         {"x": None, "at": "2026-11-24T09:00:00+00:00"},
     ]
     assert render(table.slice(0, 0), "json") == b"[]\n"
+
+
+def test_arrow_and_csv_output_carry_the_result_as_it_is() -> None:
+    table = pa.table({"id": pa.array([1, 2], pa.int64()), "kind": ["a", None]})
+    assert pa.ipc.open_stream(render(table, "arrow")).read_all().equals(table)
+    assert render(table, "csv").decode().splitlines() == ['"id","kind"', '1,"a"', "2,"]
