@@ -1,25 +1,23 @@
 """`format = "avro"`: Avro records in the Confluent wire format (writer schema by id from the
 registry), or plain Avro records of the one writer schema in `schema_file`.
 
-Bulk decoding: the bodies of one writer schema are framed as ONE block of an in-memory Avro
-object container (header with the writer schema, record count, byte count, sync marker) and
-read by fastavro's `block_reader` in C; the block must be consumed exactly, so a truncated
-record or one with bytes left over fails the block, and bisection isolates it (a single
-record is read with `schemaless_reader`, which must end exactly at the message's end). The
-records then become Arrow arrays in one `pa.array` call per batch, straight into the
-columns' types. Measured on 100,000 records of 29 bytes (six fields): the block read with
-one `pa.array` 0.28 CPU-s, one `schemaless_reader` per message with the end check 0.67 s
-(0.36 s without it); `bench/formats_bench.py` has the decoder against fastavro alone. A
-limit of the block read: a record with k bytes too many followed, in the same block, by one
-with k bytes too few would pass as two records; the second (itself truncated) would then
-hold wrong values.
+Bulk decoding: the bodies of one writer schema are joined and read one record after the
+other with fastavro's `schemaless_reader` (in C), each required to end exactly where its
+message does, so a truncated record or one with bytes left over fails the batch and
+bisection isolates it (a single record must end exactly at its message's end: "cut short",
+"bytes left"). The records then become Arrow arrays in one `pa.array` call per batch,
+straight into the columns' types; `bench/formats_bench.py` has the decoder against fastavro
+alone. The bodies were once read as ONE block of an in-memory object container
+(`block_reader`), which checks only where the block ends: a record cut short stole the next
+record's first bytes, the records after it were read out of step, and in most batches the
+misreading ended exactly at the block's end, so the cut record and its neighbours went to
+ClickHouse with wrong values (a Kafka batch with a truncated record in its middle).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,17 +65,6 @@ _LOGICAL_KINDS = {
 }
 
 
-def _varint(value: int) -> bytes:
-    """Avro's zig-zag varint of a non-negative long."""
-    value <<= 1
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _kind(avro_type: Any, named: dict[str, Any]) -> tuple[str, bool]:
     """(kind for `wire.fits`, whether it may be null) of a parsed Avro type."""
     if isinstance(avro_type, list):  # a union: null plus exactly one other branch
@@ -114,8 +101,6 @@ class AvroWriter:
     declared: pa.Schema
     problem: str | None = None
     _plans: dict[str, ColumnPlan] = field(default_factory=dict)  # the columns the writer has
-    _header: bytes = b""
-    _sync: bytes = b""
 
     def __post_init__(self) -> None:
         if self.problem is not None:
@@ -136,10 +121,6 @@ class AvroWriter:
                 )
             else:
                 self._plans[column.name] = plan
-        self._sync = os.urandom(16)
-        header = io.BytesIO()
-        fastavro.writer(header, self.parsed, [], sync_marker=self._sync)
-        self._header = header.getvalue()
 
     @property
     def converted(self) -> frozenset[str]:
@@ -184,14 +165,16 @@ class AvroWriter:
         return [record]
 
     def _block(self, bodies: list[bytes]) -> list[Any]:
-        data = b"".join(bodies)
-        framed = io.BytesIO(
-            self._header + _varint(len(bodies)) + _varint(len(data)) + data + self._sync
-        )
+        """Each body's record, read in turn from the bodies joined; ValueError at the first
+        that does not end where its message does (bisection then finds which)."""
+        joined = io.BytesIO(b"".join(bodies))
+        read, parsed, where = fastavro.schemaless_reader, self.parsed, joined.tell
         records: list[Any] = []
-        for block in fastavro.block_reader(framed):
-            records.extend(block)
-            if block.bytes_.tell() != len(data):  # type: ignore[attr-defined]  # not in the stub
+        end = 0
+        for body in bodies:
+            end += len(body)
+            records.append(read(joined, parsed, None))  # EOFError... wrapped by the caller
+            if where() != end:
                 raise ValueError("the records do not end where the messages do")
         return records
 
