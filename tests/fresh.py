@@ -12,10 +12,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def fresh_python(code: str, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> str:
-    """The standard output of `python -c code` run from the repository root (with `env` added
-    to the environment); AssertionError with its standard error if it fails."""
-    done = subprocess.run(
+def fresh_run(
+    code: str, timeout: float = 120.0, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -c code` run from the repository root (with `env` added to the environment):
+    its exit code, standard output and standard error."""
+    return subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
@@ -24,6 +26,12 @@ def fresh_python(code: str, timeout: float = 120.0, env: Mapping[str, str] | Non
         timeout=timeout,
         check=False,
     )
+
+
+def fresh_python(code: str, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> str:
+    """The standard output of `fresh_run(code)`; AssertionError with its standard error if
+    it fails."""
+    done = fresh_run(code, timeout, env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -4,6 +4,7 @@ loggers, and a driver JVM that fails to start (a stand-in `spark-submit`, no JVM
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -20,8 +21,7 @@ from spark_bridge.jvm_output import (
     line_level,
     log_line,
 )
-from spark_bridge.runtime import SparkRuntime, SparkSettings, SparkStartError
-from tests.fresh import fresh_python
+from tests.fresh import fresh_python, fresh_run
 
 DEBUG, WARN = "debug", "warning"
 
@@ -112,14 +112,26 @@ def test_pyspark_query_context_logs_go_to_the_output(capfd: pytest.CaptureFixtur
     assert capfd.readouterr() == ("", "")
 
 
-@pytest.mark.usefixtures("pyspark_loggers")
-def test_a_driver_that_does_not_start_is_an_error_with_its_last_output(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    from pyspark import SparkContext
+# In a fresh interpreter: PySpark keeps one driver JVM per process, and would reuse one an
+# earlier test of this worker started instead of starting (and failing) its own.
+_NO_JVM = """
+import json, threading
+from pyspark import SparkContext
+from spark_bridge.runtime import SparkRuntime, SparkSettings, SparkStartError
+got = []
+runtime = SparkRuntime(SparkSettings(app_name="no-jvm"), output=got.append)
+try:
+    runtime.start()
+    message = None
+except SparkStartError as exc:
+    message = str(exc)
+threads = [t.name for t in threading.enumerate()]
+print(json.dumps({"got": got, "message": message, "gateway": SparkContext._gateway is None,
+                  "threads": threads}))
+"""
 
-    if SparkContext._gateway is not None:
-        pytest.skip("this process runs a driver JVM already: PySpark would reuse it")
+
+def test_a_driver_that_does_not_start_is_an_error_with_its_last_output(tmp_path: Path) -> None:
     # A spark-submit that fails as a JVM without Java would: a line on stderr, exit 1.
     submit = tmp_path / "bin" / "spark-submit"
     submit.parent.mkdir()
@@ -128,19 +140,23 @@ def test_a_driver_that_does_not_start_is_an_error_with_its_last_output(
         "echo 'Error: JAVA_HOME is not set; password=hunter2' >&2\nexit 1\n"
     )
     submit.chmod(0o755)
-    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    got: list[str] = []
-    runtime = SparkRuntime(SparkSettings(app_name="no-jvm"), output=got.append)
-    with pytest.raises(SparkStartError, match="did not start") as failed:
-        runtime.start()
-    assert got == ["WARNING: launcher notice", "Error: JAVA_HOME is not set; password=hunter2"]
-    message = str(failed.value)
-    assert "its last output: WARNING: launcher notice | Error: JAVA_HOME is not set" in message
-    assert "hunter2" not in message, "redacted"
-    assert capfd.readouterr() == ("", "")
-    assert SparkContext._gateway is None
-    assert "spark-output" not in [t.name for t in threading.enumerate()], "ended with the JVM"
+    env = {"SPARK_HOME": str(tmp_path), "PYSPARK_PYTHON": sys.executable}
+    done = fresh_run(_NO_JVM, timeout=120.0, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    (printed,) = done.stdout.splitlines()  # nothing of the JVM's on the process's output
+    found = json.loads(printed)
+    assert found["got"] == [
+        "WARNING: launcher notice",
+        "Error: JAVA_HOME is not set; password=hunter2",
+    ]
+    assert "did not start" in found["message"]
+    assert (
+        "its last output: WARNING: launcher notice | Error: JAVA_HOME is not set"
+        in (found["message"])
+    )
+    assert "hunter2" not in found["message"], "redacted"
+    assert found["gateway"] is True
+    assert "spark-output" not in found["threads"], "ended with the JVM"
 
 
 @pytest.mark.integration
