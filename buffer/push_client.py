@@ -38,9 +38,9 @@ _AGAIN = frozenset({421, 429, 502, 503, 504})
 
 
 class PushRejectedError(Exception):
-    """The server refused the batch (400), the token (401, 403), or a second batch in flight
-    of the writer (409: another `Pusher` of the same writer is pushing): the message is its
-    own."""
+    """The server refused the batch (400), the token (401, 403), or the batch's place (409:
+    a higher sequence of the writer was applied before it; two pushers with one writer id):
+    the message is its own."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -190,7 +190,7 @@ class Pusher:
             )
         except fl.FlightServerError as exc:
             found = _flight_answer(exc)
-            return _Answer(409 if found.get("error") == "in_flight" else 400, found, 0.0)
+            return _Answer(409 if found.get("error") == "out_of_order" else 400, found, 0.0)
         except (fl.FlightError, OSError) as exc:
             if (dropped := self._flight.pop(url, None)) is not None:
                 dropped.close()  # a connection that failed is not used again

@@ -11,7 +11,8 @@ the put's metadata, or an error's extra info, `buffer.flight`):
 - 421 this node does not lead the shard (it may not even serve it: any node of the cluster
   takes pushes for any shard this way): the answer names the leader and its HTTP and
   Flight addresses;
-- 409 the writer has another batch queued or unanswered (a writer pushes one at a time);
+- 409 a batch below the writer's position that was never applied: the writer pushed a
+  higher sequence before it (two pushers with one writer id), so it cannot be applied;
 - 429 / 503 not now (the buffer at its limit; the pipeline not consuming), with Retry-After;
 - 504 not answered within the timeout: push the same batch again, it is applied once.
 """
@@ -31,7 +32,7 @@ from buffer.http import Reply
 from hakafka.coordination import CoordinationError
 from hakafka.daemon.shard import ShardRunner
 from hakafka.pipeline import PipelineLeader
-from hakafka.pipeline.push import PushConflictError, PushError, PushRefusedError
+from hakafka.pipeline.push import PushError, PushOutOfOrderError, PushRefusedError
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON_EACH_ROW = ("application/x-ndjson", "application/json")
@@ -81,8 +82,8 @@ class InsertRoute:
             result = target.push(writer, sequence, table, self.timeout_s)
         except PushError as exc:
             return _answer(400, {"error": "bad_batch", "message": str(exc)})
-        except PushConflictError as exc:
-            return _answer(409, {"error": "in_flight", "message": str(exc)})
+        except PushOutOfOrderError as exc:
+            return _answer(409, {"error": "out_of_order", "message": str(exc)})
         except PushRefusedError as exc:
             kind = "buffer_full" if exc.status == 429 else "unavailable"
             return _answer(exc.status, {"error": kind, "message": str(exc)}, exc.retry_after_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,7 +29,9 @@ from hakafka.pipeline.lane_rates import LaneRates
 from hakafka.pipeline.lane_reader import POLL_TIMEOUT_S, PUSH_POLL_S, LaneBatch, LaneReader
 from hakafka.pipeline.parts import PushCopies, Wal
 from hakafka.pipeline.push import (
+    RECENT_SEQUENCES,
     PushDesk,
+    PushOutOfOrderError,
     PushRefusedError,
     PushRequest,
     PushResult,
@@ -118,6 +121,8 @@ class ConsumeLane:
     copying: int = 0  # batches whose copies have not come back (replication lag)
     _copying_lock: threading.Lock = field(default_factory=threading.Lock)
     pushed: dict[int, int] = field(default_factory=dict)  # writer partition -> next offset
+    # Writer partition -> the sequences this term applied last, in order (see push.py).
+    recent: dict[int, deque[int]] = field(default_factory=dict)
 
     def _nothing_owed(self) -> bool:
         """After an empty poll: True when the term has nothing waiting (no lag, an empty
@@ -217,10 +222,15 @@ class ConsumeLane:
     def push(self, wal: Wal, request: PushRequest, desk: PushDesk) -> None:
         """Apply a pushed batch once: WAL (synced), index, buffer; a retry of a batch applied
         before is not applied again. Either way `desk` answers it once a checkpoint covers
-        it. Refused (429) when it would take the buffer past its limit."""
+        it. Refused (429) when it would take the buffer past its limit; refused (409) when it
+        is below the writer's position but was never applied (pushed out of order)."""
         context, partition = self.context, request.partition
         after = self.pushed.get(partition)
         if after is not None and request.first < after:
+            recent = self.recent.get(partition, ())
+            if recent and min(recent) < request.sequence and request.sequence not in recent:
+                settle(request.done, _out_of_order(request.sequence, max(recent)))
+                return
             desk.applied(request, PushResult(0, duplicate=True))
             return
         rows = request.rows
@@ -253,6 +263,7 @@ class ConsumeLane:
         context.index.add(position, {partition: span})
         self.append(rows, None, ranges)
         self.pushed[partition] = request.end
+        self.recent.setdefault(partition, deque(maxlen=RECENT_SEQUENCES)).append(request.sequence)
         context.meters.pushed(rows.num_rows)
         self.push_rates.stored(0, rows.num_rows)
         desk.applied(request, PushResult(rows.num_rows, duplicate=False))
@@ -341,3 +352,11 @@ class ConsumeLane:
         source, self.source = self.source, None
         if source is not None:
             source.close()
+
+
+def _out_of_order(sequence: int, latest: int) -> PushOutOfOrderError:
+    return PushOutOfOrderError(
+        f"sequence {sequence} of this writer is below where it is (sequence {latest} applied "
+        "after it) and was never applied: the writer pushed batches at once or out of order "
+        "(two pushers with one writer id?); nothing of it was applied"
+    )

@@ -231,8 +231,8 @@ class PipelineLeader:
     def push(self, writer: str, sequence: int, table: pa.Table, timeout: float) -> PushResult:
         """Apply `writer`'s batch `sequence` (`table`, the pipeline's declared columns) once,
         and answer when a checkpoint covers it (see `push.py`). PushError (nothing applied)
-        when it does not fit the pipeline; PushConflictError when another batch of `writer`
-        is not answered yet; PushRefusedError when this term cannot take it now;
+        when it does not fit the pipeline; PushOutOfOrderError when it is below the writer's
+        position and was never applied; PushRefusedError when this term cannot take it now;
         TimeoutError after `timeout` s (it may still be applied: push it again, it is taken
         once)."""
         if self.status.state is not PipelineState.CONSUMING:
@@ -360,6 +360,7 @@ class PipelineLeader:
                 self._await_drained()
                 return
             self._consume.pushed = {p: o for p, o in starts.items() if p < 0}
+            self._consume.recent = {}
             self._start_lanes(kafka_only(starts))
             self.status.enter(PipelineState.CONSUMING, self._log)
             self._consume.run(wal)

@@ -13,9 +13,11 @@ record's starts at the consumer's previous position, so a writer's records are c
 
 Exactly once per writer: a writer has one batch in flight and its sequences increase; a
 batch whose first offset is below the writer's next one was applied already (a retry) and
-is not applied again. The desk holds writers to the one batch: another sequence of a writer
-whose batch is queued or unanswered is refused (PushConflictError, HTTP 409), as two
-batches applied out of order would make the lower one look like a retry and lose it.
+is not applied again. A writer that breaks the one batch (two pushers with one writer id)
+may have a batch applied after a higher one, which would then look like a retry: the
+pipeline thread remembers each writer's last RECENT_SEQUENCES applied sequences, and a batch
+below the writer's position whose sequence lies among them but is not one of them was never
+applied. It is refused (PushOutOfOrderError, HTTP 409), not answered as a duplicate.
 
 Acknowledged means no failover can lose it: a push is answered once a checkpoint covers it
 (it is in ClickHouse), or before, once it is in the leader's WAL and copied to `push_acks`
@@ -40,6 +42,8 @@ from hakafka.consumer import PipelineSchema
 from hakafka.consumer.convert import ChunkError, convert_column
 from hakafka.consumer.schema import ColumnSpec
 from hakafka.coordination.writers import PUSH_TOPIC
+
+RECENT_SEQUENCES = 64  # per writer, the applied sequences a term remembers (see the module)
 
 V = TypeVar("V")
 
@@ -117,9 +121,10 @@ class PushRefusedError(Exception):
         self.retry_after_s = retry_after_s
 
 
-class PushConflictError(Exception):
-    """A push of a writer that has another batch queued or unanswered (HTTP 409): a writer
-    pushes one batch at a time, and the same one again until it is answered."""
+class PushOutOfOrderError(Exception):
+    """A batch below its writer's position that was never applied (HTTP 409): the writer
+    pushed a higher sequence before it, so it can no longer be applied in order. Nothing of
+    it was applied; pushing it again cannot help."""
 
 
 @dataclass(frozen=True)
@@ -188,11 +193,9 @@ class _Flushing:
     """An applied push waiting for a checkpoint to reach `end` (its rows let go)."""
 
     partition: int
-    sequence: int
     end: int
     done: Future[PushResult]
     result: PushResult
-    recovered: bool  # gathered back from copies: no writer waits for it
 
 
 def settle(done: Future[PushResult], result: PushResult | BaseException) -> None:
@@ -332,12 +335,6 @@ class PushDesk:
                 refusal = _unavailable(self._closed)
             elif key in self._awaited:
                 refusal = self._retry_of_pending(request, self._awaited[key])
-            elif (other := self._in_flight(request)) is not None:
-                refusal = PushConflictError(
-                    f"sequence {other} of this writer is not answered yet: push it again "
-                    f"until it is, then sequence {request.sequence} (one batch in flight "
-                    "per writer)"
-                )
             elif self._held is not None:
                 refusal = _full(self._held)
             elif (held := self._buffered_bytes() + self._queued_bytes) + request.nbytes > limit:
@@ -352,16 +349,6 @@ class PushDesk:
                 self._queued_bytes += request.nbytes
         if refusal is not None:
             settle(request.done, refusal)
-
-    def _in_flight(self, request: PushRequest) -> int | None:
-        """The sequence of another batch of `request`'s writer that is queued or applied
-        and unanswered (under the lock); None when there is none."""
-        pending = [(r.partition, r.sequence, r.recovered) for r in self._queue]
-        pending += [(w.partition, w.sequence, w.recovered) for w in self._flushing]
-        for partition, sequence, recovered in pending:
-            if partition == request.partition and sequence != request.sequence and not recovered:
-                return sequence
-        return None
 
     def hold(self, why: str) -> None:
         """The pipeline thread waits for a flush at the buffer's limit and takes no push:
@@ -419,7 +406,9 @@ class PushDesk:
             )
         key = (request.partition, request.sequence)
         self._retried[key] = request.rows
-        self._flushing.append(_waiting(request, PushResult(rows, False)))
+        self._flushing.append(
+            _Flushing(request.partition, request.end, request.done, PushResult(rows, False))
+        )
         if len(self._retried) == len(self._awaited):
             self.all_retried.set()
         return None
@@ -467,7 +456,7 @@ class PushDesk:
     def applied(self, request: PushRequest, result: PushResult) -> None:
         """`request` is in the WAL and the buffer (or was before): answer it once a
         checkpoint reaches its end."""
-        waiting = _waiting(request, result)
+        waiting = _Flushing(request.partition, request.end, request.done, result)
         with self._lock:
             if self._checkpoint.get(waiting.partition, -1) < waiting.end:
                 self._flushing.append(waiting)
@@ -493,12 +482,6 @@ class PushDesk:
             self._queue, self._queued_bytes, self._flushing = [], 0, []
         for done in waiting:
             settle(done, _unavailable(why))
-
-
-def _waiting(request: PushRequest, result: PushResult) -> _Flushing:
-    return _Flushing(
-        request.partition, request.sequence, request.end, request.done, result, request.recovered
-    )
 
 
 def _full(why: str) -> PushRefusedError:

@@ -124,11 +124,11 @@ def test_a_refused_batch_fails_at_once_with_the_servers_reason() -> None:
     assert refused.value.status == 400 and len(script.seen) == 1
 
 
-def test_a_second_batch_in_flight_of_the_writer_fails_at_once_as_409() -> None:
-    message = "sequence 4 of this writer is not answered yet: push it again until it is"
-    script = Script([(409, {"error": "in_flight", "message": message})])
+def test_a_batch_pushed_out_of_order_fails_at_once_as_409() -> None:
+    message = "sequence 5 of this writer is below where it is and was never applied"
+    script = Script([(409, {"error": "out_of_order", "message": message})])
     for url in serve(script):
-        with pytest.raises(PushRejectedError, match="sequence 4 of this writer") as refused:
+        with pytest.raises(PushRejectedError, match="sequence 5 of this writer") as refused:
             quick([url]).push(5, BATCH)
     assert refused.value.status == 409 and len(script.seen) == 1
 
@@ -184,7 +184,7 @@ def test_over_flight_a_bad_batch_fails_with_its_reason_and_a_large_one_is_cut_of
     script = Script(
         [
             (400, {"error": "bad_batch", "message": "column 'kind', row 1: null"}),
-            (409, {"error": "in_flight", "message": "sequence 0 of this writer is not answered"}),
+            (409, {"error": "out_of_order", "message": "sequence 1 of this writer is below"}),
         ]
     )
     server = flight_server(engine, script)
@@ -192,7 +192,7 @@ def test_over_flight_a_bad_batch_fails_with_its_reason_and_a_large_one_is_cut_of
         with pytest.raises(PushRejectedError, match=r"column 'kind', row 1: null") as bad:
             quick([server.location]).push(0, BATCH)
         assert bad.value.status == 400
-        with pytest.raises(PushRejectedError, match=r"sequence 0 of this writer") as twice:
+        with pytest.raises(PushRejectedError, match=r"sequence 1 of this writer") as twice:
             quick([server.location]).push(1, BATCH)
         assert twice.value.status == 409
         large = pa.table({"id": list(range(20_000))})  # 160 KB, over the 64 KiB bound

@@ -12,8 +12,8 @@ import pyarrow as pa
 from hakafka.daemon.insert_route import InsertRoute
 from hakafka.daemon.shard import ShardRunner
 from hakafka.pipeline.push import (
-    PushConflictError,
     PushError,
+    PushOutOfOrderError,
     PushRefusedError,
     PushResult,
 )
@@ -73,11 +73,11 @@ def test_each_outcome_of_a_push_is_the_status_a_writer_acts_on() -> None:
     status, body, _ = answer(PushError("column 'kind', row 1: null in a required column"))
     assert (status, body["error"]) == (400, "bad_batch")
     assert body["message"] == "column 'kind', row 1: null in a required column"
-    # Another batch of the writer is in flight: refused, not retried (a client bug).
-    conflict = PushConflictError("sequence 2 of this writer is not answered yet")
-    status, body, retry_after = answer(conflict)
-    assert (status, body["error"], retry_after) == (409, "in_flight", None)
-    assert body["message"] == "sequence 2 of this writer is not answered yet"
+    # Pushed after a higher sequence of the writer: refused for good (no Retry-After).
+    late = PushOutOfOrderError("sequence 3 of this writer is below where it is")
+    status, body, retry_after = answer(late)
+    assert (status, body["error"], retry_after) == (409, "out_of_order", None)
+    assert body["message"] == "sequence 3 of this writer is below where it is"
     status, body, retry_after = answer(PushRefusedError("full", status=429, retry_after_s=1.0))
     assert (status, body["error"], retry_after) == (429, "buffer_full", 1.0)
     status, body, _ = answer(TimeoutError())
