@@ -44,7 +44,7 @@ from hakafka.coordination import Checkpoint, FencedError, paths
 from hakafka.coordination.writers import WriterElsewhereError
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
-from hakafka.pipeline.buffer import PipelineBlock, PipelineBuffer, make_block
+from hakafka.pipeline.buffer import PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane, InlineSource
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.flush import FlushLane, PendingReflush
@@ -66,6 +66,7 @@ from hakafka.pipeline.push import (
     writer_partition,
 )
 from hakafka.pipeline.replay import (
+    PendingFromWal,
     PendingScan,
     ReplayCursor,
     WalIndex,
@@ -92,15 +93,6 @@ JOIN_TIMEOUT_S = 10.0
 
 class LayoutError(Exception):
     """This shard owns a partition whose checkpoint is in another shard."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _PendingFromWal:
-    """What recovery's WAL pass gathers for a pending block, and where it hands it over."""
-
-    block_id: str
-    scan: PendingScan
-    block: Future[PipelineBlock | None]
 
 
 class PipelineLeader:
@@ -448,7 +440,7 @@ class PipelineLeader:
             self._log.error("wal.repaired", directory=str(wal.directory), report=repr(report))
         return wal
 
-    def _recover(self) -> tuple[dict[int, int], _PendingFromWal | None]:
+    def _recover(self) -> tuple[dict[int, int], PendingFromWal | None]:
         """Read checkpoint and pending from ZooKeeper and hand the pending block to the flush
         lane, its rows to follow from the WAL pass (`_replay`); return where this term's data
         starts (after the checkpoint, or after the pending block) and what that pass must
@@ -485,7 +477,7 @@ class PipelineLeader:
         self._desk.await_retries(pending.pushed)
         self._recover_copies()
         wanted = pending_ranges(pending, topic)
-        gathered = _PendingFromWal(pending.block_id, PendingScan(topic, wanted), Future())
+        gathered = PendingFromWal(pending.block_id, PendingScan(topic, wanted), Future())
         self._flush.pending = PendingReflush(pending, wanted, gathered.block)
         starts.update({p: rng.last + 1 for p, rng in wanted.items()})
         return starts, gathered
@@ -524,7 +516,7 @@ class PipelineLeader:
                     )
 
     def _replay(
-        self, wal: Wal, starts: dict[int, int], pending: _PendingFromWal | None
+        self, wal: Wal, starts: dict[int, int], pending: PendingFromWal | None
     ) -> dict[int, int]:
         """The one pass over the WAL before consuming: index every record, gather the
         pending block's rows (handed to the flush lane before the first replayed batch, or
@@ -547,7 +539,7 @@ class PipelineLeader:
                 batch = self._schemas.decode(record) if wanted or keep else None
                 pending.scan.note(ranges, batch if wanted else None)
                 if keep:
-                    self._hand_over(pending)
+                    pending.hand_over(self.buffer.rows.schema, topic)
             if not keep:
                 continue
             batch = batch or self._schemas.decode(record)
@@ -557,7 +549,7 @@ class PipelineLeader:
             self._consume.append(rows, dead, {(topic_of(p, topic), p): r for p, r in keep.items()})
             replayed += rows.num_rows
         if pending is not None and not pending.block.done():
-            self._hand_over(pending)
+            pending.hand_over(self.buffer.rows.schema, topic)
         self.status.replayed_rows = replayed
         self._log.info(
             "wal.replayed",
@@ -566,21 +558,6 @@ class PipelineLeader:
             gaps=sorted(cursor.closed),
         )
         return cursor.next_offsets
-
-    def _hand_over(self, pending: _PendingFromWal) -> None:
-        """Give the flush lane the pending block from the records seen (None: from Kafka)."""
-        found = pending.scan.rows(self.buffer.rows.schema)
-        topic = self.config.topic
-        block = (
-            None
-            if found is None
-            else make_block(
-                pending.block_id,
-                {(topic_of(p, topic), p): rng for p, rng in pending.scan.wanted.items()},
-                *found,
-            )
-        )
-        pending.block.set_result(block)
 
     def _owned(self, ranges: dict[int, OffsetRange]) -> dict[int, OffsetRange]:
         """The ranges of partitions this shard owns (a push writer's always): a WAL written

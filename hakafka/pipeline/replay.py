@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -26,6 +27,8 @@ import pyarrow.compute as pc
 from buffer import OffsetRange
 from hakafka.coordination import PendingIntent
 from hakafka.coordination.writers import PUSH_TOPIC
+from hakafka.pipeline.buffer import PipelineBlock, make_block
+from hakafka.pipeline.push import topic_of
 from hakafka.pipeline.walcodec import WalBatch, decode_header, ranges_of
 from wal import Position, Record
 
@@ -127,6 +130,22 @@ class PendingScan:
         if not covers(self._held, self.wanted):
             return None
         return pending_rows(self._batches, self.topic, self.wanted, rows_schema)
+
+
+@dataclass(frozen=True)
+class PendingFromWal:
+    """What recovery's WAL pass gathers for a pending block (`scan`), and where it hands
+    the block over to the flush lane (`block`)."""
+
+    block_id: str
+    scan: PendingScan
+    block: Future[PipelineBlock | None]
+
+    def hand_over(self, rows_schema: pa.Schema, topic: str) -> None:
+        """Give the flush lane the block from the records seen (None: it re-reads Kafka)."""
+        found = self.scan.rows(rows_schema)
+        wanted = {(topic_of(p, topic), p): rng for p, rng in self.scan.wanted.items()}
+        self.block.set_result(None if found is None else make_block(self.block_id, wanted, *found))
 
 
 def overlap(a: OffsetRange, b: OffsetRange) -> OffsetRange | None:
