@@ -49,6 +49,13 @@ def batch(first: int, rows: int) -> pa.Table:
     )
 
 
+def consuming(h: Harness, leaders: list[PipelineLeader]) -> PipelineLeader:
+    """A leader of `h`'s current term, started and consuming."""
+    leader = start(h, leaders)
+    assert leader.wait_consuming(30.0), leader.status
+    return leader
+
+
 def pushed_offsets(h: Harness) -> list[tuple[int, int]]:
     return [(p, o) for p, o in h.sink.offsets() if p < 0]
 
@@ -61,8 +68,7 @@ def test_pushes_land_once_beside_the_topic_and_are_answered_once_flushed(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
     h = Harness(tmp_path, pipeline_config(), filled_topic(PARTITIONS, COUNT))
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     assert leader.push("spark-q1-p0", 0, batch(0, 300), timeout=30.0) == PushResult(300, False)
     # Answered only once a checkpoint covers it: the writer's partition is in it, under @push.
     assert h.fenced.checkpoint[PUSH_TOPIC] == {-1: first_offset(0) + 300}
@@ -91,8 +97,7 @@ def test_a_batch_that_does_not_fit_is_refused_whole_with_its_column_and_row(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
     h = Harness(tmp_path, pipeline_config(), filled_topic(1, 1))
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     bad = pa.table({"user": ["a", "b", "c"], "amount": ["1", "2", "x3"]})
     with pytest.raises(
         PushError, match=r"column 'amount', row 2 \('x3'\): cannot be read as int64"
@@ -117,8 +122,7 @@ def test_a_push_over_the_buffer_limit_is_refused_with_429_and_nothing_is_lost(
         tmp_path, pipeline_config(max_bytes=192 << 10, limit_bytes=192 << 10), filled_topic(1, 1)
     )
     h.sink.gate.clear()
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     with ThreadPoolExecutor(1) as pool:
         first: Future[PushResult] = pool.submit(leader.push, "w", 0, batch(0, 1000), 60.0)
         wait_for(lambda: leader.buffer.rows.row_count >= 1000, "the first batch in the buffer")
@@ -211,8 +215,7 @@ def held_push(
     """A leader over `h` whose flushes are held (the sink's gate closed), and writer w's batch
     7 (50 rows) pushed to it in the background: applied, not answered."""
     h.sink.gate.clear()
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     answer: Future[PushResult] = Future()
     threading.Thread(
         target=lambda: _answer(answer, leader, "w", 7, batch(0, 50)), daemon=True
@@ -308,8 +311,7 @@ def test_a_batch_pushed_after_a_higher_one_is_refused_not_taken_for_a_retry(
     # Two pushers with one writer id: sequence 3 reaches the leader after 5 was applied.
     # It was answered as a duplicate (a retry) and lost.
     h = Harness(tmp_path, pipeline_config(), filled_topic(1, 1))
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     assert leader.push("w", 1, batch(0, 10), timeout=30.0) == PushResult(10, False)
     assert leader.push("w", 5, batch(10, 10), timeout=30.0) == PushResult(10, False)
     with pytest.raises(PushOutOfOrderError, match=r"sequence 3 of this writer is below"):
@@ -330,8 +332,7 @@ def test_a_push_copied_to_another_node_is_answered_before_its_flush(
 ) -> None:
     h = Harness(tmp_path, pipeline_config(), filled_topic(1, 1), copies=FakeCopies())
     h.sink.gate.clear()  # nothing flushes
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     assert leader.push("w", 0, batch(0, 50), timeout=10.0) == PushResult(50, False)
     assert PUSH_TOPIC not in h.fenced.checkpoint  # answered, not flushed
     assert h.copies is not None and list(h.copies.held) == [(-1, 0)]
@@ -354,8 +355,7 @@ def test_with_push_acks_0_the_leaders_wal_alone_answers(
 ) -> None:
     h = Harness(tmp_path, pipeline_config(push_acks=0), filled_topic(1, 1))
     h.sink.gate.clear()
-    leader = start(h, leaders)
-    assert leader.wait_consuming(30.0), leader.status
+    leader = consuming(h, leaders)
     assert leader.push("w", 0, batch(0, 5), timeout=10.0) == PushResult(5, False)
     assert PUSH_TOPIC not in h.fenced.checkpoint
 
