@@ -180,8 +180,7 @@ class Metrics:
                 "starting, recovering, consuming, draining, drained, failed, stopped, paused "
                 "(by ops), or what it waits for (suspended, kafka_unreachable, "
                 "waiting_for_topic, registry_unavailable, retrying_clickhouse, buffer_full, "
-                "awaiting_push_retries, "
-                "checkpoint_overdue)",
+                "awaiting_push_retries, awaiting_previous_instance, checkpoint_overdue)",
                 [*p, "state"],
                 registry=reg,
             ),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from buffer import Block, BufferFull, BufferStats, MemoryTable, OffsetRange
+from buffer import Block, BufferFull, BufferStats, Catalog, MemoryTable, OffsetRange
 from buffer.table import batch_nbytes, block_id_for
 
 Ranges = dict[tuple[str, int], OffsetRange]
@@ -71,6 +71,21 @@ class PipelineBuffer:
         self.rows = MemoryTable(name, rows_schema, _UNLIMITED)
         self.dead = MemoryTable(f"{name}_dead_letter", dead_schema, _UNLIMITED)
         self._lock = threading.Lock()
+
+    def serve(self, catalog: Catalog, shard: int) -> None:
+        """Make both tables queryable in `catalog` as `shard`'s part of their names, both or
+        neither: ValueError while another instance's tables hold them."""
+        catalog.add(self.rows, shard)
+        try:
+            catalog.add(self.dead, shard)
+        except ValueError:
+            catalog.discard(self.rows)
+            raise
+
+    def unserve(self, catalog: Catalog) -> None:
+        """No longer serve the tables (another shard's parts of their names stay)."""
+        catalog.discard(self.rows)
+        catalog.discard(self.dead)
 
     def append(self, rows: pa.RecordBatch, dead: pa.RecordBatch | None, ranges: Ranges) -> None:
         """Append one consumed batch, both halves or neither.

@@ -35,12 +35,12 @@ from concurrent.futures import Future
 import pyarrow as pa
 import structlog
 
-from buffer import Catalog, MemoryTable, OffsetRange
+from buffer import Catalog, OffsetRange
 from hakafka.config import PipelineBufferConfig, PipelineConfig
 from hakafka.consumer import DecodeError, Decoder, ShardAssignment
 from hakafka.consumer.partition_consumer import KafkaMetadataError
 from hakafka.consumer.schema import dead_letter_arrow_schema
-from hakafka.coordination import Checkpoint, FencedError, paths
+from hakafka.coordination import FencedError, paths
 from hakafka.coordination.writers import WriterElsewhereError
 from hakafka.faults import CrashPlan
 from hakafka.metrics import Metrics
@@ -66,10 +66,12 @@ from hakafka.pipeline.push import (
     writer_partition,
 )
 from hakafka.pipeline.replay import (
+    LayoutError,
     PendingFromWal,
     PendingScan,
     ReplayCursor,
     WalIndex,
+    check_layout,
     checkpoint_offsets,
     pending_ranges,
     record_ranges,
@@ -89,10 +91,15 @@ from hakafka.settings import thresholds_of
 log = structlog.get_logger("hakafka.pipeline")
 
 JOIN_TIMEOUT_S = 10.0
+# How long a new instance waits for this node's previous one (stopped, its flush abandoned)
+# to let go of the buffer's names and the WAL before it fails; checked every RELEASE_POLL_S.
+RELEASE_WAIT_S = 60.0
+RELEASE_POLL_S = 0.2
 
 
-class LayoutError(Exception):
-    """This shard owns a partition whose checkpoint is in another shard."""
+class PreviousInstanceError(Exception):
+    """This node's previous instance of the pipeline held the buffer's names (and the WAL)
+    past the wait: the shard restarts the pipeline like any failed one."""
 
 
 class PipelineLeader:
@@ -115,12 +122,16 @@ class PipelineLeader:
         metrics: Metrics,
         crash: CrashPlan | None = None,
         drain: bool = False,
+        release_wait_s: float = RELEASE_WAIT_S,
     ) -> None:
         """`assignment` says which partitions the shard owns: WAL records of others (left by
         an earlier layout) are never replayed. With `drain`, the pipeline recovers, flushes and
-        commits what its WAL and pending intent hold, consumes nothing, and ends `drained`."""
+        commits what its WAL and pending intent hold, consumes nothing, and ends `drained`.
+        `release_wait_s`: how long recovery waits for this node's previous instance of the
+        pipeline to let go of the buffer's names and the WAL."""
         self.config, self.shard, self.decoder = config, shard, decoder
         self.assignment, self.drain = assignment, drain
+        self._release_wait_s = release_wait_s
         self._parts, self._catalog = parts, catalog
         self._crash = crash or CrashPlan(None)
         self.status = PipelineStatus()
@@ -151,7 +162,6 @@ class PipelineLeader:
         self._flush = FlushLane(context, thresholds_of(config), parts, decoder, rows_per_task)
         self._flush.desk = self._desk
         self._wal: Wal | None = None
-        self._registered: list[MemoryTable] = []
         self._threads_done = 0
         self._done_lock = threading.Lock()
         self._main = threading.Thread(
@@ -165,24 +175,36 @@ class PipelineLeader:
 
     def start(self) -> None:
         """Start recovery, then consumption, on the pipeline's own thread. Never raises: a
-        pipeline that cannot start (its buffer's names still held, a thread refused) is
-        `failed` with the reason, so the shard restarts it like any failed pipeline."""
+        pipeline that cannot start (a thread refused) is `failed` with the reason, so the
+        shard restarts it like any failed pipeline."""
         try:
-            self._register_tables()
             self._main.start()
         except Exception as exc:
-            self._release_tables()
             self.status.error = f"could not start: {type(exc).__name__}: {exc}"
             self.status.enter(PipelineState.FAILED, self._log, error=self.status.error)
 
-    def _register_tables(self) -> None:
+    def _take_tables(self) -> None:
         """Make the buffer queryable as this shard's part of `<pipeline>` (and
         `<pipeline>_dead_letter`): one name per pipeline on a node, over every shard it
-        leads, with a `_shard` column (`buffer.sql.Catalog`). ValueError while an abandoned
-        instance of this shard still holds them."""
-        for table in (self.buffer.rows, self.buffer.dead):
-            self._catalog.add(table, self.shard)
-            self._registered.append(table)
+        leads, with a `_shard` column (`buffer.sql.Catalog`). While this node's previous
+        instance of the shard's pipeline (stopped, its flush abandoned) still holds them,
+        and with them the WAL (released just before), wait for it, saying so, up to
+        `release_wait_s`; then PreviousInstanceError."""
+        deadline = time.monotonic() + self._release_wait_s
+        while True:
+            try:
+                self.buffer.serve(self._catalog, self.shard)
+                break
+            except ValueError as exc:
+                if time.monotonic() >= deadline:
+                    raise PreviousInstanceError(
+                        f"this node's previous instance of the pipeline did not let go within "
+                        f"{self._release_wait_s:g} s: {exc}"
+                    ) from None
+                self.status.wait(Waiting.PREVIOUS_INSTANCE, str(exc))
+                self._signals.stop.wait(RELEASE_POLL_S)
+                self._signals.check_stop("stopped while the previous instance held the buffer")
+        self.status.done_waiting(Waiting.PREVIOUS_INSTANCE)
 
     def retune(self, buffer: PipelineBufferConfig) -> None:
         """Flush at `buffer`'s thresholds and hold at most its `limit_bytes` from now on (a
@@ -342,6 +364,7 @@ class PipelineLeader:
         self._signals.beat()
         try:
             self.status.enter(PipelineState.RECOVERING, self._log)
+            self._take_tables()
             wal = self._open_wal()
             starts, pending = self._recover()
             self._signals.check_stop("stopped during recovery")
@@ -466,7 +489,8 @@ class PipelineLeader:
             pending=None if pending is None else pending.block_id,
             epoch=fenced.epoch,
         )
-        self._check_layout(fenced.read_other_checkpoints(name))
+        others = fenced.read_other_checkpoints(name)
+        check_layout(topic, self.shard, self._flush.checkpoint, others, self.assignment)
         self._desk.committed(self._flush.checkpoint)
         starts = dict(self._flush.checkpoint)
         if pending is None:
@@ -498,22 +522,6 @@ class PipelineLeader:
                 rows=sum(b.rows.num_rows for b in found),
             )
         self._desk.recover(found)
-
-    def _check_layout(self, elsewhere: dict[int, Checkpoint]) -> None:
-        """LayoutError if a partition this shard owns has no checkpoint here but one in
-        another shard: it would be read again from its low watermark (duplicates)."""
-        topic, mine = self.config.topic, self._flush.checkpoint
-        for shard, checkpoint in sorted(elsewhere.items()):
-            for partition, offset in sorted(
-                kafka_only(checkpoint_offsets(checkpoint, topic)).items()
-            ):
-                if partition not in mine and self.assignment.select([partition]):
-                    raise LayoutError(
-                        f"partition {partition} of {topic} belongs to shard {self.shard} in "
-                        f"this config, but its checkpoint ({offset}) is in shard {shard}: the "
-                        "layout changed without `hakafka reshard`, which moves checkpoints; "
-                        "restore the recorded layout, then run hakafka reshard with this one"
-                    )
 
     def _replay(
         self, wal: Wal, starts: dict[int, int], pending: PendingFromWal | None
@@ -585,12 +593,5 @@ class PipelineLeader:
             # Even if closing failed: the next pipeline of this name needs the buffer's names.
             self._meters.buffer(None)
             self._meters.lanes(0)
-            self._release_tables()
+            self.buffer.unserve(self._catalog)
             self._log.info("pipeline.released")
-
-    def _release_tables(self) -> None:
-        """Remove the buffer's tables from the catalog; the other shards' parts of their
-        names stay."""
-        for table in self._registered:
-            self._catalog.discard(table)
-        self._registered.clear()

@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from buffer import OffsetRange
-from hakafka.coordination import PendingIntent
+from hakafka.consumer import ShardAssignment
+from hakafka.coordination import Checkpoint, PendingIntent
 from hakafka.coordination.writers import PUSH_TOPIC
 from hakafka.pipeline.buffer import PipelineBlock, make_block
-from hakafka.pipeline.push import topic_of
+from hakafka.pipeline.push import kafka_only, topic_of
 from hakafka.pipeline.walcodec import WalBatch, decode_header, ranges_of
 from wal import Position, Record
 
@@ -45,6 +46,30 @@ def checkpoint_offsets(
     return {
         int(p): int(o) for name in (topic, PUSH_TOPIC) for p, o in checkpoint.get(name, {}).items()
     }
+
+
+class LayoutError(Exception):
+    """This shard owns a partition whose checkpoint is in another shard."""
+
+
+def check_layout(
+    topic: str,
+    shard: int,
+    mine: Mapping[int, int],
+    elsewhere: Mapping[int, Checkpoint],
+    assignment: ShardAssignment,
+) -> None:
+    """LayoutError if a partition `shard` owns (`assignment`) has no checkpoint here (`mine`)
+    but one in another shard: it would be read again from its low watermark (duplicates)."""
+    for other, checkpoint in sorted(elsewhere.items()):
+        for partition, offset in sorted(kafka_only(checkpoint_offsets(checkpoint, topic)).items()):
+            if partition not in mine and assignment.select([partition]):
+                raise LayoutError(
+                    f"partition {partition} of {topic} belongs to shard {shard} in "
+                    f"this config, but its checkpoint ({offset}) is in shard {other}: the "
+                    "layout changed without `hakafka reshard`, which moves checkpoints; "
+                    "restore the recorded layout, then run hakafka reshard with this one"
+                )
 
 
 @dataclass

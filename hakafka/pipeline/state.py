@@ -54,6 +54,10 @@ class Waiting(StrEnum):
     PUSH_RETRIES = "awaiting_push_retries"
     """The pending block holds pushed batches no WAL here has: flushed once their writers
     push them again (they were never answered)."""
+    PREVIOUS_INSTANCE = "awaiting_previous_instance"
+    """This node's previous instance of the pipeline (stopped, its flush abandoned) still
+    holds the buffer's names and the WAL until its insert returns: recovery starts once it
+    lets go."""
     CHECKPOINT_OVERDUE = "checkpoint_overdue"
     """A new term found data waiting (a pending block, WAL rows, Kafka lag) and has not
     committed yet: counted from the shard's last checkpoint, by whichever term wrote it, so

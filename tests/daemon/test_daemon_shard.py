@@ -193,8 +193,9 @@ def rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
 def test_a_pipeline_that_failed_to_start_is_replaced(rig: Callable[..., Rig]) -> None:
     r = rig()
     shard, h = r.shard, r.h
-    # An abandoned instance still holds the buffer's name for shard 0: the new term's
-    # pipeline cannot register it and so cannot start.
+    # An abandoned instance still holds the buffer's name for shard 0 past the new term's
+    # wait for it (none here): the pipeline cannot register it and so cannot start.
+    h.release_wait_s = 0.0
     held = MemoryTable("events", h.leader().buffer.rows.schema, 1 << 20)
     h.catalog.add(held, 0)
     lead(shard, r.coordinator)
@@ -309,7 +310,8 @@ def test_a_leader_failing_again_and_again_hands_over_but_the_last_candidate_keep
 ) -> None:
     r = rig(handover=HandoverPolicy(failures=2, cooldown_s=60.0))
     shard, h, coordinator = r.shard, r.h, r.coordinator
-    # An abandoned instance holds the buffer's names: every pipeline fails to start.
+    # An abandoned instance holds the buffer's names past every wait: each pipeline fails.
+    h.release_wait_s = 0.0
     held = MemoryTable("events", h.leader().buffer.rows.schema, 1 << 20)
     h.catalog.add(held, 0)
     lead(shard, coordinator)
@@ -327,7 +329,7 @@ def test_a_leader_failing_again_and_again_hands_over_but_the_last_candidate_keep
         timeout=RESTART_BACKOFF.delay(3) + 10,
     )
     assert shard.cooldown is not None
-    assert "failed 3 times in 300 s, last: could not start" in shard.cooldown.reason
+    assert "failed 3 times in 300 s, last: PreviousInstanceError" in shard.cooldown.reason
     assert shard.healthy()  # a follower again: nothing of this shard runs here
 
 

@@ -43,6 +43,7 @@ from hakafka.pipeline.buffer import PipelineBuffer
 from hakafka.pipeline.consume import ConsumeLane
 from hakafka.pipeline.context import PipelineContext
 from hakafka.pipeline.lane_reader import LaneReader
+from hakafka.pipeline.leader import RELEASE_WAIT_S
 from hakafka.pipeline.meters import PipelineMeters
 from hakafka.pipeline.parts import Flushed, LaneParts
 from hakafka.pipeline.push import RecoveredBatch
@@ -507,6 +508,8 @@ class Harness:
     """Lane processes the leaders read with (None: one lane, with `consumers`)."""
     copies: FakeCopies | None = None
     """Where pushed batches are copied (None: no copies part)."""
+    release_wait_s: float = RELEASE_WAIT_S
+    """How long a leader waits for a previous instance to let go of the buffer's names."""
 
     def __post_init__(self) -> None:
         self.refetch = Refetches(self.topic)
@@ -553,6 +556,7 @@ class Harness:
             metrics=Metrics.create(registry=self._registry()),
             crash=self.crash,
             drain=drain,
+            release_wait_s=self.release_wait_s,
         )
 
     def consume_lane(self) -> ConsumeLane:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer import BufferFull
+from buffer import BufferFull, MemoryTable
 from hakafka.pipeline import PipelineLeader, PipelineState
 from hakafka.pipeline.state import Signals
 from tests.pipeline.fakes import (
@@ -221,14 +221,39 @@ def test_a_flush_lane_that_ends_stops_the_whole_pipeline(
 def test_a_pipeline_that_cannot_start_fails_and_stops_cleanly(
     tmp_path: Path, leaders: list[PipelineLeader]
 ) -> None:
-    h = Harness(tmp_path, pipeline_config(), Topic(partitions=1))
-    start(h, leaders)  # holds shard 0's part of `events`
+    h = Harness(tmp_path, pipeline_config(), Topic(partitions=1), release_wait_s=0.5)
+    first = start(h, leaders)  # holds shard 0's part of `events`
+    assert first.wait_consuming(30.0), first.status
     h.wal_dir_name = "wal-2"
     second = start(h, leaders)
+    wait_for(lambda: not second.running, "the second instance to give up")
     assert second.status.state is PipelineState.FAILED
-    assert "'events' of shard 0 is already in the catalog" in (second.status.error or "")
-    assert second.status.restartable and not second.running
-    assert second.stop(0.0)  # a never-started pipeline stops without raising
+    assert second.status.error == (
+        "PreviousInstanceError: this node's previous instance of the pipeline did not let go "
+        "within 0.5 s: a table named 'events' of shard 0 is already in the catalog"
+    )
+    assert second.status.restartable
+    assert second.stop(0.0)
+    assert first.status.state is PipelineState.CONSUMING  # still serving its names
+
+
+def test_a_new_instance_waits_for_the_previous_one_to_let_go_and_says_so(
+    tmp_path: Path, leaders: list[PipelineLeader]
+) -> None:
+    # A stopped instance whose flush was abandoned holds the buffer's names (and the WAL)
+    # until its insert returns. The new term's instance failed at once, three times in a few
+    # seconds, and the node handed the shard over (the short chaos run, during a reshard).
+    _topic, h = one_partition(tmp_path, 30)
+    held = MemoryTable("events", h.leader().buffer.rows.schema, 1 << 20)
+    h.catalog.add(held, 0)
+    leader = start(h, leaders)
+    wait_for(lambda: leader.state_name() == "awaiting_previous_instance", "the wait, named")
+    (wait,) = leader.status.current_waits()
+    assert wait.detail == "a table named 'events' of shard 0 is already in the catalog"
+    h.catalog.discard(held)  # the previous instance lets go
+    assert leader.wait_consuming(30.0), leader.status
+    assert leader.status.error is None and not leader.status.waits
+    wait_for(lambda: h.fenced.checkpoint.get(TOPIC) == {0: 30}, "the rows flushed")
 
 
 def test_a_commit_between_buffer_full_and_the_wait_is_not_lost(tmp_path: Path) -> None:
