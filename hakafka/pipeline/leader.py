@@ -87,14 +87,15 @@ from hakafka.pipeline.state import (
 )
 from hakafka.pipeline.walcodec import SchemaChangeError, SchemaConverter
 from hakafka.settings import thresholds_of
+from retry_policy import Backoff
 
 log = structlog.get_logger("hakafka.pipeline")
 
 JOIN_TIMEOUT_S = 10.0
 # How long a new instance waits for this node's previous one (stopped, its flush abandoned)
-# to let go of the buffer's names and the WAL before it fails; checked every RELEASE_POLL_S.
+# to let go of the buffer's names and the WAL before it fails, asking every 0.2 s.
 RELEASE_WAIT_S = 60.0
-RELEASE_POLL_S = 0.2
+RELEASE_POLL = Backoff(0.2, 0.2)
 
 
 class PreviousInstanceError(Exception):
@@ -184,26 +185,27 @@ class PipelineLeader:
             self.status.enter(PipelineState.FAILED, self._log, error=self.status.error)
 
     def _take_tables(self) -> None:
-        """Make the buffer queryable as this shard's part of `<pipeline>` (and
-        `<pipeline>_dead_letter`): one name per pipeline on a node, over every shard it
-        leads, with a `_shard` column (`buffer.sql.Catalog`). While this node's previous
-        instance of the shard's pipeline (stopped, its flush abandoned) still holds them,
-        and with them the WAL (released just before), wait for it, saying so, up to
-        `release_wait_s`; then PreviousInstanceError."""
+        """Serve the buffer as this shard's part of `<pipeline>` and `<pipeline>_dead_letter`
+        (`buffer.sql.Catalog`: one name per pipeline on a node, a `_shard` column). While this
+        node's previous instance (stopped, its flush abandoned) holds them, and so the WAL,
+        wait, saying so, up to `release_wait_s`; then PreviousInstanceError."""
         deadline = time.monotonic() + self._release_wait_s
-        while True:
-            try:
-                self.buffer.serve(self._catalog, self.shard)
-                break
-            except ValueError as exc:
-                if time.monotonic() >= deadline:
-                    raise PreviousInstanceError(
-                        f"this node's previous instance of the pipeline did not let go within "
-                        f"{self._release_wait_s:g} s: {exc}"
-                    ) from None
-                self.status.wait(Waiting.PREVIOUS_INSTANCE, str(exc))
-                self._signals.stop.wait(RELEASE_POLL_S)
-                self._signals.check_stop("stopped while the previous instance held the buffer")
+
+        def held(exc: ValueError, _attempt: int, _delay: float) -> None:
+            if time.monotonic() >= deadline:
+                raise PreviousInstanceError(
+                    f"this node's previous instance of the pipeline did not let go within "
+                    f"{self._release_wait_s:g} s: {exc}"
+                ) from None
+            self.status.wait(Waiting.PREVIOUS_INSTANCE, str(exc))
+
+        RELEASE_POLL.call(
+            lambda: self.buffer.serve(self._catalog, self.shard),
+            self._signals.waiter,
+            retry_on=ValueError,
+            stopped=lambda: PipelineStopped("stopped while the previous instance held the buffer"),
+            on_retry=held,
+        )
         self.status.done_waiting(Waiting.PREVIOUS_INSTANCE)
 
     def retune(self, buffer: PipelineBufferConfig) -> None:
