@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from buffer.client import query as remote_query
+from buffer.formats import encode_arrow
 from buffer.push_client import Pusher
 from devstack.clickhouse import ClickHouseService
 from devstack.cluster import StackEndpoints
@@ -268,12 +269,9 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
     warm = produce(stack.kafka, topic, 2_000)
     wait_for(lambda: landed(ch_client, "events") >= 2_000, 120, "warm-up rows")
     pushed = pa.table({"id": list(range(300)), "kind": ["push"] * 300, "amount": [0.5] * 300})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, pushed.schema) as writer:
-        writer.write_table(pushed)
     insert = urllib.request.Request(
         f"{node.url}/insert?pipeline=events&shard=0&writer=w-outage&sequence=0",
-        data=sink.getvalue().to_pybytes(),
+        data=encode_arrow(pushed),
         headers={"Content-Type": "application/vnd.apache.arrow.stream"},
         method="POST",
     )

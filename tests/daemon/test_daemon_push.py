@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
 
+from buffer.formats import encode_arrow
 from buffer.push_client import Pushed, Pusher
 from devstack.cluster import DaemonNode, LocalCluster, StackEndpoints
 from devstack.records import create_topic
@@ -61,11 +62,7 @@ def as_json(batch: list[dict[str, Any]]) -> bytes:
 
 
 def as_arrow(batch: list[dict[str, Any]]) -> bytes:
-    table = pa.Table.from_pylist(batch)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
+    return encode_arrow(pa.Table.from_pylist(batch))
 
 
 def pushed(writer_partition: int, sequence: int, count: int) -> set[tuple[int, int]]:
