@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from devstack.clickhouse import ClickHouseService
     from devstack.kafka import KafkaBroker
+    from devstack.spark_cluster import SparkConnectServer
     from devstack.zookeeper import ZooKeeperEnsemble
 
 
@@ -78,7 +79,15 @@ def _expected_seconds(item: pytest.Item) -> float:
 # The session fixtures that start a service: a test that uses one (directly or through
 # another fixture) is an integration test, and must say so for `-m "not integration"`.
 _SERVICES = frozenset(
-    {"zookeeper", "zookeeper_ensemble", "kafka", "clickhouse", "clickhouse2", "spark"}
+    {
+        "zookeeper",
+        "zookeeper_ensemble",
+        "kafka",
+        "clickhouse",
+        "clickhouse2",
+        "spark",
+        "spark_connect",
+    }
 )
 
 
@@ -230,6 +239,19 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         runtime.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_connect(stack_root: Path) -> Iterator[SparkConnectServer]:
+    """One Spark Connect server (its own `local[2]`) for the test session, as a fleet shares
+    Spark: the daemons `make_cluster` builds flush through it. A driver of their own costs
+    each daemon's start ~8 s of JVM start and worker warm-up on 2 cores, and the suite starts
+    a hundred daemons. The in-daemon driver, the default users run, keeps its own tests: the
+    demo, the chaos run, `spark_bridge`'s, and any `make_cluster(spark={"master": ...})`."""
+    from devstack.spark_cluster import SparkConnectServer
+
+    with running(SparkConnectServer(stack_root / "spark-connect")) as server:
+        yield server
+
+
 @pytest.fixture
 def stack(
     zookeeper: ZooKeeperEnsemble, kafka: KafkaBroker, clickhouse: ClickHouseService
@@ -253,6 +275,10 @@ def make_cluster(
     made: list[LocalCluster] = []
     request.node.stash[_CLUSTERS] = made
 
+    def connect_url() -> str:
+        server: SparkConnectServer = request.getfixturevalue("spark_connect")
+        return server.url
+
     def make(
         nodes: dict[str, list[int]],
         buffer: dict[str, int | float] | None = None,
@@ -264,6 +290,7 @@ def make_cluster(
         replica_per_node: bool = False,
         shard_count: int = 2,
         balance: dict[str, object] | None = None,
+        # `[spark]` keys; None: flush through the session's Spark Connect server.
         spark: dict[str, object] | None = None,
         # One lane unless a test asks: a lane process per partition group and term costs
         # about 1.7 s of CPU, which the suite's many clusters on 2 cores felt (+3 minutes).
@@ -294,7 +321,7 @@ def make_cluster(
             spark_on_followers=spark_on_followers,
             replica_per_node=replica_per_node,
             balance=balance,
-            spark=spark,
+            spark=spark if spark is not None else {"remote": connect_url()},
         )
         made.append(cluster)
         return cluster

@@ -82,7 +82,10 @@ def test_followers_stand_at_once_and_wait_warm_so_a_new_leader_flushes_without_s
     # The default `spark.on_followers = true`: Spark starts beside standing, not before it.
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    cluster = make_cluster({"n1": [0], "n2": [0]}, spark_on_followers=True)
+    # The in-daemon driver: its JVM's start is what a warm follower spares a new leader.
+    cluster = make_cluster(
+        {"n1": [0], "n2": [0]}, spark_on_followers=True, spark={"master": "local[2]"}
+    )
     cluster.start()
     leader = cluster.nodes[cluster.wait_leaders([0])[0]]
     follower = next(n for n in cluster.nodes.values() if n is not leader)

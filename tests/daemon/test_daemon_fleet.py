@@ -10,7 +10,6 @@ import json
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import pytest
 
 from devstack.cluster import LocalCluster, StackEndpoints
 from devstack.records import create_topic
-from devstack.spark_cluster import SparkConnectServer
 from tests.commands import hakafka
 from tests.helpers.waiting import wait_for
 
@@ -34,30 +32,18 @@ def replicas(shard: int) -> tuple[str, str]:
     return NODES[shard % len(NODES)], NODES[(shard + 1) % len(NODES)]
 
 
-@pytest.fixture(scope="module")
-def spark_connect(stack_root: Path) -> Iterator[str]:
-    """One Spark Connect server for the fleet; stopped by PID after the module."""
-    server = SparkConnectServer(stack_root / "spark-connect-fleet")
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
-
-
 def epochs(config: Path) -> dict[int, int | None]:
     status = hakafka("status", "--config", str(config), "--json")
     return {s["shard"]: s["epoch"] for s in json.loads(status.out)["shards"]}
 
 
 def test_a_cold_start_elects_each_shard_once_and_a_kill_moves_all_of_a_daemons_shards(
-    make_cluster: Any, stack: StackEndpoints, topic_prefix: str, spark_connect: str
+    make_cluster: Any, stack: StackEndpoints, topic_prefix: str
 ) -> None:
     create_topic(stack.kafka, f"{topic_prefix}_events", len(SHARDS))
     layout = {n: [s for s in SHARDS if n in replicas(s)] for n in NODES}
-    cluster: LocalCluster = make_cluster(
-        layout, shard_count=len(SHARDS), spark={"remote": spark_connect}
-    )
+    # make_cluster's daemons share the session's Spark Connect server.
+    cluster: LocalCluster = make_cluster(layout, shard_count=len(SHARDS))
     began = time.monotonic()
     cluster.start(timeout=120)
     leaders = cluster.wait_leaders(SHARDS, timeout=120)
