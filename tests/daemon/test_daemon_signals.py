@@ -51,7 +51,8 @@ def test_sighup_reopens_the_log_sigint_stops_cleanly_second_sigterm_exits_at_onc
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    cluster = make_cluster({"n1": [SHARD]})
+    # The in-daemon driver: its JVM's output is part of what goes to the log file.
+    cluster = make_cluster({"n1": [SHARD]}, spark={"master": "local[2]"})
     node = cluster.nodes["n1"]
     log_file = node.root / "n1-events.log"
     log_args = ["--log-file", str(log_file)]
