@@ -217,8 +217,11 @@ def test_restart_replays_the_wal_instead_of_kafka(
 ) -> None:
     topic = f"{topic_prefix}_events"
     create_topic(stack.kafka, topic, PARTITIONS)
-    # Nothing flushes for 25 s: everything consumed stays in the buffer and the WAL.
-    cluster = make_cluster({"n1": ALL_SHARDS}, buffer={"min_rows": 1_000_000, "max_age": 25})
+    # A shard's block flushes at 12,500 rows, and the records go round-robin to 8 partitions,
+    # 4 a shard: the first 20,000 stay in the buffer and the WAL (10,000 a shard), and each
+    # shard's rows flush as one block once the last 5,000 come.
+    buffer = {"min_rows": 12_500, "max_rows": 100_000, "min_bytes": 1, "min_age": 1}
+    cluster = make_cluster({"n1": ALL_SHARDS}, buffer={**buffer, "max_age": 300})
     node = cluster.nodes["n1"]
     cluster.start()
     cluster.wait_leaders(ALL_SHARDS)
@@ -292,8 +295,8 @@ def test_clickhouse_down_holds_data_at_the_limit_then_delivers(
         # Each shard's 50k rows are more than its limit: both pipelines pause.
         wait_for(lambda: metric(node, "hakafka_backpressure") == 2, 60, "both pipelines paused")
         consumed = metric(node, "hakafka_consumed_rows_total")
-        for _ in range(3):  # sampled through an 18 s outage
-            time.sleep(6)
+        for _ in range(3):  # sampled through 9 s more of the outage, over its flush retries
+            time.sleep(3)
             assert metric(node, "hakafka_backpressure") == 2
             # A paused pipeline holds its refused batch: not one row more is read.
             assert metric(node, "hakafka_consumed_rows_total") == consumed

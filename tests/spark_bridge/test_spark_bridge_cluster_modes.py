@@ -1,5 +1,6 @@
 """Flushes through a real Spark cluster: a standalone master + worker, and a Spark Connect
-server, both started from PySpark's jars (`devstack.spark_cluster`), one mode at a time.
+server, both started from PySpark's jars (`devstack.spark_cluster`); the Connect server is the
+test session's (`spark_connect` in tests/conftest.py), which the cluster tests share.
 
 Each mode is exercised twice: by `flush_block` from a fresh interpreter (Connect only: a
 process with a classic session, such as the test session's `local[2]` one, cannot open a
@@ -46,23 +47,18 @@ class SparkMode:
 
 @pytest.fixture(scope="module", params=["standalone", "connect"])
 def spark_mode(request: pytest.FixtureRequest, stack_root: Path) -> Iterator[SparkMode]:
-    """One cluster at a time (they are heavy on 2 cores): started for this module's tests of
-    its mode, stopped by PID after them."""
-    root = stack_root / f"spark-{request.param}"
-    if request.param == "standalone":
-        standalone = SparkStandalone(root)
-        standalone.start()
-        try:
-            yield SparkMode(standalone.url, {"master": standalone.url})
-        finally:
-            standalone.stop()
-    else:
-        server = SparkConnectServer(root)
-        server.start()
-        try:
-            yield SparkMode(server.url, {"remote": server.url})
-        finally:
-            server.stop()
+    """The standalone cluster is started for this module's tests of it and stopped by PID
+    after them (it is heavy on 2 cores); Spark Connect is the session's server."""
+    if request.param == "connect":
+        server: SparkConnectServer = request.getfixturevalue("spark_connect")
+        yield SparkMode(server.url, {"remote": server.url})
+        return
+    standalone = SparkStandalone(stack_root / "spark-standalone")
+    standalone.start()
+    try:
+        yield SparkMode(standalone.url, {"master": standalone.url})
+    finally:
+        standalone.stop()
 
 
 CONNECT_PROBE = """

@@ -23,6 +23,7 @@ from devstack.cluster import LocalCluster, PipelineSpec, StackEndpoints
 from devstack.kafka import KafkaBroker
 from devstack.process import wait_until
 from devstack.records import EVENT_COLUMNS, create_topic, produce
+from devstack.spark_cluster import SparkConnectServer
 from devstack.zookeeper import ZooKeeperEnsemble
 from hakafka.config import load_config
 from hakafka.ops.cluster import connect
@@ -75,9 +76,12 @@ def two_server_cluster(
     clickhouse: ClickHouseService,
     clickhouse2: ClickHouseService,
     ch_database2: str,
+    spark_connect: SparkConnectServer,
     zk_root: str,
     topic_prefix: str,
 ) -> Iterator[LocalCluster]:
+    """Nodes n1 and n2 leading shards 0 and 1, one on each ClickHouse server; they flush
+    through the session's Spark Connect server, as make_cluster's do."""
     first, second = (f"127.0.0.1:{ch.port}" for ch in (clickhouse, clickhouse2))
     stack = StackEndpoints(zookeeper.hosts, kafka.bootstrap, first, (first, second))
     topic = f"{topic_prefix}_events"
@@ -92,6 +96,7 @@ def two_server_cluster(
         database=ch_database2,
         session_timeout=3.0,
         rows_per_task=100_000,
+        spark={"remote": spark_connect.url},
     )
     try:
         cluster.start()
