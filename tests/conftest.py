@@ -244,7 +244,7 @@ def spark_connect(stack_root: Path) -> Iterator[SparkConnectServer]:
     """One Spark Connect server (its own `local[2]`) for the test session, as a fleet shares
     Spark: the daemons `make_cluster` builds flush through it. A driver of their own costs
     each daemon's start ~8 s of JVM start and worker warm-up on 2 cores, and the suite starts
-    a hundred daemons. The in-daemon driver, the default users run, keeps its own tests: the
+    85 daemons. The in-daemon driver, the default users run, keeps its own tests: the
     demo, the chaos run, `spark_bridge`'s, and any `make_cluster(spark={"master": ...})`."""
     from devstack.spark_cluster import SparkConnectServer
 
