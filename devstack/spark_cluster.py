@@ -190,7 +190,9 @@ class SparkConnectServer(ManagedService):
                 "spark.pyspark.python": sys.executable,
                 "spark.ui.enabled": "false",
                 "spark.python.worker.reuse": "true",
-                # As hakafka's own sessions have it (spark_bridge.runtime): no delayed ACKs.
+                # As hakafka's own sessions have them (spark_bridge.runtime): workers forked
+                # with the flush's modules loaded, no delayed ACKs.
+                "spark.python.daemon.module": "spark_bridge.worker_daemon",
                 "spark.python.unix.domain.socket.enabled": "true",
                 "spark.sql.warehouse.dir": str(self.root / "warehouse"),
             },
