@@ -157,8 +157,7 @@ def test_the_next_term_replays_pushed_rows_from_the_wal_and_takes_retries_once(
         pending.result(30.0)
     h.fenced = h.fenced.next_term()
     h.sink.gate.set()
-    second = start(h, leaders)
-    assert second.wait_consuming(30.0), second.status
+    second = consuming(h, leaders)
     assert second.status.replayed_rows >= 50
     # The writer's retry is the same batch: it was replayed, so it is a duplicate.
     assert second.push("w", 7, batch(0, 50), timeout=30.0) == PushResult(0, True)
@@ -184,8 +183,7 @@ def test_a_pending_block_whose_pushed_rows_died_with_their_leader_is_rebuilt_fro
     # The next leader is another node: its WAL has neither the rows nor the push.
     h.fenced = h.fenced.next_term()
     h.wal_dir_name = "another-node-wal"
-    second = start(h, leaders)
-    assert second.wait_consuming(30.0), second.status
+    second = consuming(h, leaders)
     wait_for(
         lambda: any(w.kind == "awaiting_push_retries" for w in second.status.current_waits()),
         "the re-flush to await the writer",
@@ -365,16 +363,14 @@ def test_a_new_leader_without_the_old_ones_disk_flushes_answered_pushes_from_cop
 ) -> None:
     h = Harness(tmp_path, pipeline_config(), filled_topic(1, 10), copies=FakeCopies())
     h.sink.gate.clear()
-    first = start(h, leaders)
-    assert first.wait_consuming(30.0), first.status
+    first = consuming(h, leaders)
     assert first.push("w", 3, batch(0, 50), timeout=10.0) == PushResult(50, False)
     assert first.push("w", 4, batch(50, 30), timeout=10.0) == PushResult(30, False)
     first.stop(0.1)  # its node dies with its disk
     h.fenced = h.fenced.next_term()
     h.wal_dir_name = "another-node-wal"
     h.sink.gate.set()
-    second = start(h, leaders)
-    assert second.wait_consuming(30.0), second.status
+    second = consuming(h, leaders)
     wait_for(
         lambda: h.fenced.checkpoint.get(PUSH_TOPIC) == {-1: first_offset(4) + 30},
         "the recovered batches flushed",
@@ -401,8 +397,7 @@ def test_a_pending_block_is_rebuilt_from_copies_without_waiting_for_writers(
     first.stop(5.0)
     h.fenced = h.fenced.next_term()
     h.wal_dir_name = "another-node-wal"
-    second = start(h, leaders)
-    assert second.wait_consuming(30.0), second.status
+    consuming(h, leaders)
     wait_for(lambda: PUSH_TOPIC in h.fenced.checkpoint, "the pending block re-flushed")
     assert h.fenced.checkpoint[PUSH_TOPIC] == {-1: first_offset(7) + 50}
     assert pushed_offsets(h) == [(-1, first_offset(7) + i) for i in range(50)]
