@@ -197,7 +197,8 @@ class PipelineLeader:
                     f"this node's previous instance of the pipeline did not let go within "
                     f"{self._release_wait_s:g} s: {exc}"
                 ) from None
-            self.status.wait(Waiting.PREVIOUS_INSTANCE, str(exc))
+            if self.status.wait(Waiting.PREVIOUS_INSTANCE, str(exc)):
+                self._log.warning("pipeline.awaiting_previous_instance", held=str(exc))
 
         RELEASE_POLL.call(
             lambda: self.buffer.serve(self._catalog, self.shard),

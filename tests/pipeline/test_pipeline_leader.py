@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from buffer import BufferFull, MemoryTable
 from hakafka.pipeline import PipelineLeader, PipelineState
@@ -246,10 +247,16 @@ def test_a_new_instance_waits_for_the_previous_one_to_let_go_and_says_so(
     _topic, h = one_partition(tmp_path, 30)
     held = MemoryTable("events", h.leader().buffer.rows.schema, 1 << 20)
     h.catalog.add(held, 0)
-    leader = start(h, leaders)
-    wait_for(lambda: leader.state_name() == "awaiting_previous_instance", "the wait, named")
-    (wait,) = leader.status.current_waits()
+    with structlog.testing.capture_logs() as logs:
+        leader = start(h, leaders)
+        wait_for(lambda: leader.state_name() == "awaiting_previous_instance", "the wait, named")
+        (wait,) = leader.status.current_waits()
+        wait_for(lambda: time.monotonic() - wait.since > 0.7, "a few more polls (0.2 s apart)")
     assert wait.detail == "a table named 'events' of shard 0 is already in the catalog"
+    # Logged once as it begins, not at every poll.
+    assert [e["held"] for e in logs if e["event"] == "pipeline.awaiting_previous_instance"] == [
+        wait.detail
+    ]
     h.catalog.discard(held)  # the previous instance lets go
     assert leader.wait_consuming(30.0), leader.status
     assert leader.status.error is None and not leader.status.waits
