@@ -220,8 +220,8 @@ def test_restart_replays_the_wal_instead_of_kafka(
     # A shard's block flushes at 12,500 rows, and the records go round-robin to 8 partitions,
     # 4 a shard: the first 20,000 stay in the buffer and the WAL (10,000 a shard), and each
     # shard's rows flush as one block once the last 5,000 come.
-    buffer = {"min_rows": 12_500, "max_rows": 100_000, "min_bytes": 1, "min_age": 1}
-    cluster = make_cluster({"n1": ALL_SHARDS}, buffer={**buffer, "max_age": 300})
+    buffer = {"min_rows": 12_500, "max_rows": 100_000, "min_bytes": 1, "min_age": 1, "max_age": 300}
+    cluster = make_cluster({"n1": ALL_SHARDS}, buffer=buffer)
     node = cluster.nodes["n1"]
     cluster.start()
     cluster.wait_leaders(ALL_SHARDS)
